@@ -1,0 +1,1 @@
+"""Helpers for tests and quick experiments: tiny real checkpoints built locally (no downloads)."""
