@@ -90,5 +90,15 @@ class Backend(Protocol):
         """n_keep [B] = 1 + accepted: how many of the last verify's tokens stay in the target cache (the anchor
         and accepted drafts). Rolls the target cache back past them and hands the drafter those tokens + features."""
 
+    def accept(
+        self,
+        logits: torch.Tensor,  # [B, K+1, V] target logits from verify()
+        draft: torch.Tensor,  # [B, K] draft tokens
+        k: torch.Tensor,  # [B] long: per-request verify length
+        q: torch.Tensor | None,  # [B, K, V] draft distributions (sampling) or None (greedy)
+        sampling: Sequence[SamplingParams],
+    ) -> "AcceptResult":  # noqa: F821 - defined in dspark_trt.spec.accept
+        """Fused acceptance (kernels on CUDA, dspark_trt.spec.accept on CPU) → AcceptResult."""
+
     def release(self, slot: int) -> None:
         """Free a slot (finished or cancelled request)."""
