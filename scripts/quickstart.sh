@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The main job on the embedded default pair (SmolLM2-135M-Instruct + the shipped DSpark drafter):
+#   set up .venv → dspark-trt build → dspark-trt serve (real tritonserver) → one streamed request
+#   through tritonclient (gRPC) → stats → clean stop.
+# Env: QUANT (none|fp8|int8_sq|w8a16, default none), PROMPT, MAX_TOKENS, BUILD (default build/default).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$(bash "$ROOT/scripts/setup_env.sh")"
+cd "$ROOT"
+export PATH="$VENV/bin:$PATH" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+BUILD="${BUILD:-build/default}"
+QUANT="${QUANT:-none}"
+PROMPT="${PROMPT:-Write a Python function that checks whether a number is prime.}"
+MAX_TOKENS="${MAX_TOKENS:-96}"
+
+echo "== 1/3 build ($BUILD, quant=$QUANT)" >&2
+dspark-trt build --output "$BUILD" --quant "$QUANT"
+
+free_port() { "$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+HTTP="$(free_port)"; GRPC="$(free_port)"; METRICS="$(free_port)"
+echo "== 2/3 serve (http :$HTTP, grpc :$GRPC, metrics :$METRICS)" >&2
+dspark-trt serve --repo "$BUILD/model_repo" --http-port "$HTTP" --grpc-port "$GRPC" --metrics-port "$METRICS" &
+SERVER=$!
+trap 'kill -TERM $SERVER 2>/dev/null || true; wait $SERVER 2>/dev/null || true' EXIT
+for _ in $(seq 1 240); do
+  if curl -sf "http://127.0.0.1:$HTTP/v2/health/ready" >/dev/null; then break; fi
+  kill -0 $SERVER 2>/dev/null || { echo "server exited during start-up" >&2; exit 1; }
+  sleep 0.5
+done
+curl -sf "http://127.0.0.1:$HTTP/v2/health/ready" >/dev/null || { echo "server not ready after 120 s" >&2; exit 1; }
+
+echo "== 3/3 one streamed request through tritonclient (gRPC, policy seed)" >&2
+dspark-trt generate --url "127.0.0.1:$GRPC" --protocol grpc --stream --chat --policy seed \
+  --max-new-tokens "$MAX_TOKENS" --prompt "$PROMPT" --json
+echo "== done; stopping the server" >&2
