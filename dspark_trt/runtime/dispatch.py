@@ -1,0 +1,151 @@
+"""The one dispatch point between the runtime and the kernels.
+
+Owns the routing decision only: CUDA tensors + importable OpenAI Triton → plugins/ kernels;
+anything else → the torch reference (dspark_trt.spec.accept for acceptance, the DSpark drafter's own
+torch code path for the Markov step). It holds no algorithm code of its own and never imports
+tensorrt. The reference modules are imported lazily so this file imports before they exist.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import os
+from typing import Any, Sequence
+
+import torch
+
+from dspark_trt.errors import InvalidArgumentError
+from dspark_trt.spec.protocols import SamplingParams
+
+log = logging.getLogger(__name__)
+
+# DSPARK_KERNELS=0 forces the torch reference even on CUDA (debugging / A-B parity).
+_ENV_SWITCH = "DSPARK_KERNELS"
+
+
+@functools.lru_cache(maxsize=1)
+def triton_available() -> bool:
+    """True when OpenAI Triton imports (checked once; never raises)."""
+    try:
+        importlib.import_module("triton")
+        return True
+    except Exception as exc:  # noqa: BLE001 - any import failure means "no kernels"
+        log.info("OpenAI Triton unavailable (%s): using torch reference", exc)
+        return False
+
+
+def use_kernels(*tensors: torch.Tensor | None) -> bool:
+    """Kernels run when every given tensor is on CUDA, Triton imports and DSPARK_KERNELS != 0."""
+    if os.environ.get(_ENV_SWITCH, "1") == "0":
+        return False
+    present = [t for t in tensors if t is not None]
+    if not present or not all(t.is_cuda for t in present):
+        return False
+    return triton_available()
+
+
+def _spec_accept() -> Any:
+    return importlib.import_module("dspark_trt.spec.accept")
+
+
+def sampling_tensors(
+    sampling: Sequence[SamplingParams], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-request (temperature [B] f32, top_p [B] f32, seeds [B] int64); a None seed becomes 0."""
+    temperature = torch.tensor([s.temperature for s in sampling], dtype=torch.float32, device=device)
+    top_p = torch.tensor([s.top_p for s in sampling], dtype=torch.float32, device=device)
+    seeds = torch.tensor([0 if s.seed is None else int(s.seed) for s in sampling], dtype=torch.int64, device=device)
+    return temperature, top_p, seeds
+
+
+def _check_accept_args(logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, q: torch.Tensor | None, n: int) -> None:
+    if logits.dim() != 3 or draft.dim() != 2 or k.dim() != 1:
+        raise InvalidArgumentError(
+            f"accept expects logits [B, K+1, V], draft [B, K], k [B]; got {tuple(logits.shape)}, "
+            f"{tuple(draft.shape)}, {tuple(k.shape)}"
+        )
+    b, kp1, v = logits.shape
+    if draft.shape != (b, kp1 - 1) or k.shape[0] != b or n != b:
+        raise InvalidArgumentError(
+            f"accept: batch/verify-length mismatch: logits {tuple(logits.shape)}, draft {tuple(draft.shape)}, "
+            f"k {tuple(k.shape)}, {n} sampling params; pass draft [B, K] for logits [B, K+1, V]"
+        )
+    if q is not None and q.shape != (b, kp1 - 1, v):
+        raise InvalidArgumentError(f"accept: q must be [B, K, V] = {(b, kp1 - 1, v)}, got {tuple(q.shape)}")
+
+
+def accept(
+    logits: torch.Tensor,  # [B, K+1, V] target logits (fp32 or bf16)
+    draft: torch.Tensor,  # [B, K] long draft tokens
+    k: torch.Tensor,  # [B] long per-request verify length (≤ K)
+    q: torch.Tensor | None,  # [B, K, V] draft distributions (sampling) or None (all greedy)
+    sampling: Sequence[SamplingParams],
+    positions: torch.Tensor | None = None,  # [B] long absolute position of d_1 (RNG key); needed when sampling
+) -> Any:
+    """Fused acceptance → spec.accept.AcceptResult (greedy_accept / sample_accept semantics).
+
+    Greedy when every request is greedy. Sampled batches need `positions` (= committed length incl. prompt,
+    the absolute position of d_1). Kernels on CUDA; the torch reference on CPU, and on CUDA for top_p < 1
+    (nucleus filtering is not fused)."""
+    _check_accept_args(logits, draft, k, q, len(sampling))
+    greedy = all(s.greedy for s in sampling)
+    if not greedy and positions is None:
+        raise InvalidArgumentError(
+            "accept: sampled requests need positions [B] (absolute position of d_1 = committed length incl. "
+            "the prompt) for the counter-based RNG; pass positions=...")
+    if greedy:
+        if use_kernels(logits, draft, k):
+            from plugins import api  # local import: keeps triton out of CPU-only imports
+
+            return api.greedy_accept(logits, draft, k)
+        return _spec_accept().greedy_accept(logits, draft, k)
+    temperature, top_p, seeds = sampling_tensors(sampling, logits.device)
+    assert positions is not None
+    positions = positions.to(device=logits.device, dtype=torch.int64)
+    if use_kernels(logits, draft, k, q) and all(s.top_p >= 1.0 for s in sampling):
+        from plugins import api
+
+        return api.sample_accept(logits, draft, q, k, temperature, top_p, seeds, positions)
+    return _spec_accept().sample_accept(logits, draft, q, k, temperature, top_p, seeds, positions)
+
+
+def markov_step(
+    backbone_logits: torch.Tensor,  # [B, V] U_k for one block position
+    prev: torch.Tensor,  # [B] long previous in-block token x_{k-1}
+    w1: torch.Tensor,  # [V, r] Markov embedding
+    w2: torch.Tensor,  # [r, V] Markov projection
+    sampling: Sequence[SamplingParams],
+    positions: torch.Tensor,  # [B] int64 absolute position of the token drafted here (RNG key)
+    want_q: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One DSpark Markov step → (token [B] long, q [B, V] f32 at the serving temperature/top-p, or None)."""
+    tokens, q = markov_block(backbone_logits.unsqueeze(1), prev, w1, w2, sampling, positions, want_q)
+    return tokens[:, 0], (None if q is None else q[:, 0])
+
+
+def markov_block(
+    backbone_logits: torch.Tensor,  # [B, γ, V] U_1..U_γ
+    anchor: torch.Tensor,  # [B] long x_0
+    w1: torch.Tensor,  # [V, r]
+    w2: torch.Tensor,  # [r, V]
+    sampling: Sequence[SamplingParams],
+    positions: torch.Tensor,  # [B] int64 absolute position of d_1
+    want_q: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """γ Markov steps left to right → (tokens [B, γ] long, q [B, γ, V] f32 or None); one launch on CUDA,
+    plugins/block_draft/reference.py elsewhere (and for top_p < 1)."""
+    if backbone_logits.dim() != 3 or backbone_logits.shape[0] != len(sampling):
+        raise InvalidArgumentError(
+            f"markov_block expects U [B, γ, V] and B sampling params; got {tuple(backbone_logits.shape)} and "
+            f"{len(sampling)}")
+    temperature, top_p, seeds = sampling_tensors(sampling, backbone_logits.device)
+    positions = positions.to(device=backbone_logits.device, dtype=torch.int64)
+    if use_kernels(backbone_logits, anchor, w1, w2) and all(s.top_p >= 1.0 for s in sampling):
+        from plugins import api
+
+        return api.markov_block(backbone_logits, anchor, w1, w2, temperature, seeds, positions, want_q=want_q)
+    from plugins.block_draft import reference
+
+    return reference.markov_block(backbone_logits, anchor, w1, w2, temperature, seeds, positions, want_q=want_q,
+                                  top_p=top_p)

@@ -1,0 +1,10 @@
+"""Public torch entry points of the kernels (imports triton): what dspark_trt.runtime.dispatch calls on CUDA.
+
+Owns nothing but the re-export, so the dispatcher has one import and tests one surface.
+"""
+from __future__ import annotations
+
+from plugins.block_draft.launch import markov_block, markov_step
+from plugins.fused_accept.launch import greedy_accept, sample_accept, supports_sampling
+
+__all__ = ["greedy_accept", "sample_accept", "supports_sampling", "markov_step", "markov_block"]

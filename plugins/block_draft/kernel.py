@@ -1,0 +1,101 @@
+"""OpenAI Triton kernel of the DSpark Markov head over a whole block: γ dependent steps in one launch.
+
+Owns `markov_block_kernel`, grid (B,): program b loops k = 1..γ; each step gathers z = W1[x_{k-1}] (r values),
+streams W2 in [BLOCK_R, BLOCK_V] tiles to form x = (U_k + z·W2) / T into the q row with an online max/argmax/Σexp,
+then re-reads that row once to normalise q and run the exponential race (STREAM_DRAFT) for sampled rows; the
+drawn token feeds step k+1. Optional confidence c_k = sigmoid(conf_bias_k + z·w_conf). Semantics are
+plugins/block_draft/reference.py (top_p = 1). Pointers, strides and sizes only (compiles for TensorRT QDP).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from plugins import _rng
+
+NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
+BIG_IDX: tl.constexpr = tl.constexpr(2147483647)
+
+
+@triton.jit
+def markov_block_kernel(
+    u_ptr,  # [B, γ, V] backbone logits U (fp32/bf16/fp16), last stride 1
+    anchor_ptr,  # [B] int64 x_0
+    w1_ptr,  # [V, R] Markov embedding, row-major
+    w2_ptr,  # [R, V] Markov projection, row-major
+    temp_ptr,  # [B] fp32 (≤ 0 → argmax)
+    seed_ptr,  # [B] int64
+    pos_ptr,  # [B] int64 absolute position of d_1
+    cbias_ptr,  # [B, γ] fp32 confidence bias (read when HAS_CONF)
+    wconf_ptr,  # [R] fp32 (read when HAS_CONF)
+    tok_ptr,  # [B, γ] int64 out
+    q_ptr,  # [B, γ, V] fp32 out (scratch for x, then q)
+    conf_ptr,  # [B, γ] fp32 out (written when HAS_CONF)
+    V,
+    R,
+    GAMMA,
+    stride_ub,
+    stride_uk,
+    HAS_CONF: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    b = tl.program_id(0)
+    t_raw = tl.load(temp_ptr + b)
+    sampled = t_raw > 0.0
+    t = tl.where(sampled, t_raw, 1.0)
+    seed = tl.load(seed_ptr + b)
+    pos0 = tl.load(pos_ptr + b)
+    prev = tl.load(anchor_ptr + b)
+    offs_v = tl.arange(0, BLOCK_V)
+    offs_r = tl.arange(0, BLOCK_R)
+    rmask = offs_r < R
+    for i in range(0, GAMMA):
+        z = tl.load(w1_ptr + prev * R + offs_r, mask=rmask, other=0.0).to(tl.float32)  # [BLOCK_R]
+        urow = u_ptr + b.to(tl.int64) * stride_ub + i * stride_uk
+        qrow = q_ptr + (b.to(tl.int64) * GAMMA + i) * V
+        m = tl.full((), NEG_INF, tl.float32)
+        s = tl.full((), 0.0, tl.float32)
+        am = tl.full((), BIG_IDX, tl.int32)
+        for v0 in range(0, V, BLOCK_V):
+            idx = v0 + offs_v
+            vmask = idx < V
+            w2 = tl.load(w2_ptr + offs_r[:, None] * V + idx[None, :], mask=rmask[:, None] & vmask[None, :],
+                         other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_V]
+            bias = tl.sum(z[:, None] * w2, axis=0)  # [BLOCK_V]
+            x = (tl.load(urow + idx, mask=vmask, other=0.0).to(tl.float32) + bias) / t
+            x = tl.where(vmask, x, NEG_INF)
+            tl.store(qrow + idx, x, mask=vmask)
+            tm = tl.max(x, axis=0)
+            ti = tl.min(tl.where(x == tm, idx, BIG_IDX), axis=0)
+            new_m = tl.maximum(m, tm)
+            alpha = tl.where(m == NEG_INF, 0.0, tl.exp(m - new_m))
+            s = s * alpha + tl.sum(tl.where(vmask, tl.exp(x - new_m), 0.0), axis=0)
+            am = tl.where(tm > m, ti, am)
+            m = new_m
+        tl.debug_barrier()
+        pos = pos0 + i
+        best = tl.full((), -1.0, tl.float32)
+        arg = tl.full((), 0, tl.int32)
+        for v0 in range(0, V, BLOCK_V):
+            idx = v0 + offs_v
+            vmask = idx < V
+            x = tl.load(qrow + idx, mask=vmask, other=NEG_INF)
+            p = tl.exp(x - m) / s
+            p = tl.where(sampled, p, tl.where(idx == am, 1.0, 0.0))
+            tl.store(qrow + idx, p, mask=vmask)
+            e = _rng.race_denominator(seed, pos, _rng.STREAM_DRAFT, idx)
+            sc = tl.where(vmask, p / e, -1.0)
+            tb = tl.max(sc, axis=0)
+            ib = tl.min(tl.where(sc == tb, idx, BIG_IDX), axis=0)
+            arg = tl.where(tb > best, ib, arg)
+            best = tl.maximum(best, tb)
+        tl.debug_barrier()
+        tok = tl.where(sampled, arg, am).to(tl.int64)
+        tl.store(tok_ptr + b.to(tl.int64) * GAMMA + i, tok)
+        if HAS_CONF:
+            wc = tl.load(wconf_ptr + offs_r, mask=rmask, other=0.0).to(tl.float32)
+            cb = tl.load(cbias_ptr + b.to(tl.int64) * GAMMA + i)
+            logit = cb + tl.sum(z * wc, axis=0)
+            tl.store(conf_ptr + b.to(tl.int64) * GAMMA + i, 1.0 / (1.0 + tl.exp(-logit)))
+        prev = tok
