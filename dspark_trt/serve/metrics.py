@@ -1,0 +1,138 @@
+"""Serving metrics on Triton's metrics port (pb_utils.MetricFamily), with an in-memory twin for tests.
+
+Owns the metric names and what feeds them: acceptance rate and τ (running gauges), the K histogram, round batch
+size, fallback / cancelled / speculation-off counters, draft and verify latency histograms, active requests and
+queue depth. `ServeMetrics(pb_utils)` inside the `dspark` model; `ServeMetrics(None)` records into plain dicts.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+log = logging.getLogger(__name__)
+
+LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]
+BATCH_BUCKETS = [1, 2, 4, 8, 16, 32, 64, 128]
+
+COUNTERS = {
+    "dspark_rounds_total": "Batched speculative rounds run (one draft pass + one verify pass each)",
+    "dspark_requests_total": "Requests finished (any reason)",
+    "dspark_drafted_tokens_total": "Draft tokens verified by the target (sum of K)",
+    "dspark_accepted_tokens_total": "Draft tokens accepted",
+    "dspark_committed_tokens_total": "Tokens committed (generated)",
+    "dspark_target_calls_total": "Per-request target forwards (prefill + verify)",
+    "dspark_fallback_total": "Rounds where the drafter failed and the round ran as plain decoding",
+    "dspark_cancelled_total": "Requests cancelled by the client (KV slots freed)",
+    "dspark_speculation_off_rounds_total": "Rounds run without speculation because the queue exceeded MAX_QUEUE",
+    "dspark_errors_total": "Requests answered with an error",
+}
+GAUGES = {
+    "dspark_acceptance_rate": "Running acceptance rate: accepted / drafted tokens",
+    "dspark_tau": "Running tau: committed tokens per target forward",
+    "dspark_active_requests": "Requests holding a KV slot",
+    "dspark_queue_depth": "Requests waiting or active in the round loop",
+}
+HISTOGRAMS = {
+    "dspark_k": ("Verify length K chosen per request per round", None),
+    "dspark_round_batch_size": ("Requests served by one batched round", BATCH_BUCKETS),
+    "dspark_draft_latency_seconds": ("Wall time of one batched draft pass", LATENCY_BUCKETS),
+    "dspark_verify_latency_seconds": ("Wall time of one batched target verify pass", LATENCY_BUCKETS),
+}
+
+
+@dataclass
+class ServeMetrics:
+    """Thread-safe metric sink; `pb` is the triton_python_backend_utils module or None (in-memory only)."""
+
+    pb: Any = None
+    gamma: int = 8
+    model: str = "dspark"
+    counters: dict[str, float] = field(default_factory=dict)
+    gauges: dict[str, float] = field(default_factory=dict)
+    observations: dict[str, list[float]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _families: list[Any] = field(default_factory=list, repr=False)
+    _metrics: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in COUNTERS:
+            self.counters[name] = 0.0
+        for name in GAUGES:
+            self.gauges[name] = 0.0
+        for name in HISTOGRAMS:
+            self.observations[name] = []
+        if self.pb is None:
+            return
+        labels = {"model": self.model}
+        fam = self.pb.MetricFamily
+        for name, desc in COUNTERS.items():
+            f = fam(name=name, description=desc, kind=fam.COUNTER)
+            self._families.append(f)
+            self._metrics[name] = f.Metric(labels=labels)
+        for name, desc in GAUGES.items():
+            f = fam(name=name, description=desc, kind=fam.GAUGE)
+            self._families.append(f)
+            self._metrics[name] = f.Metric(labels=labels)
+        for name, (desc, buckets) in HISTOGRAMS.items():
+            f = fam(name=name, description=desc, kind=fam.HISTOGRAM)
+            self._families.append(f)
+            b = buckets if buckets is not None else [float(k) for k in range(self.gamma + 1)]
+            self._metrics[name] = f.Metric(labels=labels, buckets=[float(x) for x in b])
+
+    def inc(self, name: str, value: float = 1.0) -> None:
+        if value <= 0:
+            return
+        with self._lock:
+            self.counters[name] += value
+            if name in self._metrics:
+                self._metrics[name].increment(float(value))
+
+    def set(self, name: str, value: float) -> None:
+        with self._lock:
+            self.gauges[name] = float(value)
+            if name in self._metrics:
+                self._metrics[name].set(float(value))
+
+    def observe(self, name: str, values: Sequence[float] | float) -> None:
+        vals = [float(values)] if isinstance(values, (int, float)) else [float(v) for v in values]
+        with self._lock:
+            self.observations[name].extend(vals)
+            if len(self.observations[name]) > 10_000:  # keep the in-memory twin bounded
+                del self.observations[name][:5_000]
+            metric = self._metrics.get(name)
+            for v in vals:
+                if metric is not None:
+                    metric.observe(v)
+
+    def round_done(self, batch: int, ks: Sequence[int], accepted: int, committed: int, speculate: bool) -> None:
+        """One batched round: batch size, every request's K, tokens accepted/committed."""
+        self.inc("dspark_rounds_total")
+        self.observe("dspark_round_batch_size", batch)
+        self.observe("dspark_k", list(ks))
+        self.inc("dspark_drafted_tokens_total", sum(ks))
+        self.inc("dspark_accepted_tokens_total", accepted)
+        self.inc("dspark_committed_tokens_total", committed)
+        self.inc("dspark_target_calls_total", len(ks))
+        if not speculate:
+            self.inc("dspark_speculation_off_rounds_total")
+        self._running_ratios()
+
+    def prefill_done(self, n_requests: int, committed: int) -> None:
+        self.inc("dspark_target_calls_total", n_requests)
+        self.inc("dspark_committed_tokens_total", committed)
+        self._running_ratios()
+
+    def _running_ratios(self) -> None:
+        c = self.counters
+        if c["dspark_drafted_tokens_total"] > 0:
+            self.set("dspark_acceptance_rate", c["dspark_accepted_tokens_total"] / c["dspark_drafted_tokens_total"])
+        if c["dspark_target_calls_total"] > 0:
+            self.set("dspark_tau", c["dspark_committed_tokens_total"] / c["dspark_target_calls_total"])
+
+    def close(self) -> None:
+        """Drop Metric objects before their families (the python backend requires this order)."""
+        with self._lock:
+            self._metrics.clear()
+            self._families.clear()

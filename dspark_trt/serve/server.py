@@ -1,0 +1,289 @@
+"""Lifecycle of a real tritonserver process on a model repository: find the binary, lay out the python
+backend directory, build the environment the python-backend stub needs, start, wait for readiness, stop.
+
+Owns: `TritonServer` (context manager), `find_triton()`, `prepare_backend_dir()`, `server_env()`.
+Knows nothing about DSpark or the models in the repository.
+
+Facts this follows (shared/research/triton-on-cpu.md): the stub must be symlinked (a copy loses its $ORIGIN
+RUNPATH); the stub embeds Python in isolated mode, ignores PYTHONPATH and finds its prefix by searching PATH
+for `python3`, so the venv's bin goes first in PATH; LD_LIBRARY_PATH gets the interpreter's LIBDIR so the stub
+loads the same libpython. A crashed stub leaves /dev/shm/triton_python_backend_shm_region_* behind: stop()
+removes the regions this server's processes had mapped, and only those.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from dspark_trt.errors import ServeError
+
+log = logging.getLogger(__name__)
+
+SHM_PREFIX = "triton_python_backend_shm_region_"
+PY_TAG = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """Where the server binary and the python backend pieces live."""
+
+    binary: Path
+    python_backend: Path  # directory holding libtriton_python.so and triton_python_backend_utils.py
+    stub: Path  # triton_python_backend_stub matching this interpreter
+
+
+def _bundled() -> TritonInstall | None:
+    try:
+        import pytriton  # noqa: PLC0415 - optional at import time
+    except ImportError:
+        return None
+    root = Path(pytriton.__file__).parent / "tritonserver"
+    inst = TritonInstall(root / "bin" / "tritonserver", root / "backends" / "python",
+                         root / "python_backend_stubs" / PY_TAG / "triton_python_backend_stub")
+    return inst if inst.binary.exists() and inst.stub.exists() else None
+
+
+def _system() -> TritonInstall | None:
+    binary = shutil.which("tritonserver")
+    if binary is None:
+        return None
+    backends = Path(os.environ.get("TRITON_BACKENDS_DIR", "/opt/tritonserver/backends")) / "python"
+    stub = backends / "triton_python_backend_stub"
+    if not (backends / "libtriton_python.so").exists() or not stub.exists():
+        return None
+    return TritonInstall(Path(binary), backends, stub)
+
+
+def find_triton(prefer_system: bool = True) -> TritonInstall:
+    """The system `tritonserver` (with its python backend) when present, else the nvidia-pytriton bundle."""
+    order = (_system, _bundled) if prefer_system else (_bundled, _system)
+    for finder in order:
+        inst = finder()
+        if inst is not None:
+            return inst
+    raise ServeError("No tritonserver found: install the pinned wheel (`pip install nvidia-pytriton==0.7.0`, "
+                     "see scripts/setup_env.sh) or put NVIDIA's `tritonserver` on PATH")
+
+
+def prepare_backend_dir(inst: TritonInstall, dest: Path) -> Path:
+    """dest/python/ with symlinks (never copies) to the python backend library, utils and the stub."""
+    py = dest / "python"
+    py.mkdir(parents=True, exist_ok=True)
+    for src in (inst.python_backend / "libtriton_python.so",
+                inst.python_backend / "triton_python_backend_utils.py", inst.stub):
+        link = py / src.name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(src.resolve())
+    return dest
+
+
+def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for tritonserver so its python stubs run this interpreter's venv."""
+    env = dict(os.environ if base is None else base)
+    bindir = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([bindir] + [p for p in env.get("PATH", "").split(os.pathsep) if p and p != bindir])
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in [libdir, env.get("LD_LIBRARY_PATH", "")] if p)
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1))))
+    return env
+
+
+def free_port() -> int:
+    """A port that was free a moment ago (bind to 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _group_pids(pgid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry.name)) == pgid:
+                pids.append(int(entry.name))
+        except (ProcessLookupError, PermissionError):
+            continue
+    return pids
+
+
+def _mapped_shm(pids: list[int]) -> set[str]:
+    names: set[str] = set()
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            tail = line.rsplit("/dev/shm/", 1)
+            if len(tail) == 2 and tail[1].startswith(SHM_PREFIX):
+                names.add(tail[1].split(" ")[0])
+    return names
+
+
+@dataclass
+class TritonServer:
+    """A tritonserver on `repo`, ports chosen free when 0. Use as a context manager or start()/stop().
+
+    Runs in its own process group so stop() can reach every stub; stop() is SIGTERM, then SIGKILL of the group
+    after `stop_timeout` s, then removal of leftover shm regions this server had mapped.
+    """
+
+    repo: Path
+    http_port: int = 0
+    grpc_port: int = 0
+    metrics_port: int = 0
+    host: str = "127.0.0.1"
+    log_path: Path | None = None
+    log_verbose: int = 0
+    ready_timeout: float = 300.0
+    stop_timeout: float = 30.0
+    extra_args: tuple[str, ...] = ()
+    env: dict[str, str] | None = None
+    prefer_system: bool = True
+    _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    _tmp: Path | None = field(default=None, init=False, repr=False)
+    _shm: set[str] = field(default_factory=set, init=False, repr=False)
+
+    @property
+    def http_url(self) -> str:
+        return f"{self.host}:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def command(self, backend_dir: Path) -> list[str]:
+        inst = find_triton(self.prefer_system)
+        return [str(inst.binary), f"--model-repository={Path(self.repo).resolve()}",
+                f"--backend-directory={backend_dir}",
+                f"--http-address={self.host}", f"--http-port={self.http_port}",
+                f"--grpc-address={self.host}", f"--grpc-port={self.grpc_port}",
+                f"--metrics-address={self.host}", f"--metrics-port={self.metrics_port}",
+                "--allow-gpu-metrics=false", "--allow-cpu-metrics=false", "--pinned-memory-pool-byte-size=0",
+                "--disable-auto-complete-config", "--exit-timeout-secs=10", "--strict-readiness=true",
+                f"--log-verbose={self.log_verbose}", *self.extra_args]
+
+    def start(self) -> "TritonServer":
+        if self._proc is not None:
+            raise ServeError("This TritonServer is already started; stop() it first")
+        repo = Path(self.repo)
+        if not repo.is_dir():
+            raise ServeError(f"Model repository {repo} does not exist: run `dspark-trt build` first "
+                             "or pass --repo build/NAME/model_repo")
+        inst = find_triton(self.prefer_system)
+        self._tmp = Path(tempfile.mkdtemp(prefix="dspark_triton_"))
+        backend_dir = prepare_backend_dir(inst, self._tmp / "backends")
+        for name in ("http_port", "grpc_port", "metrics_port"):
+            if getattr(self, name) == 0:
+                setattr(self, name, free_port())
+        if self.log_path is None:
+            self.log_path = self._tmp / "tritonserver.log"
+        cmd = self.command(backend_dir)
+        log.info("starting %s (log: %s)", " ".join(cmd), self.log_path)
+        with open(self.log_path, "ab") as out:
+            self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                          env=server_env(self.env), start_new_session=True)
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        self._shm |= _mapped_shm(_group_pids(self._proc.pid))
+        return self
+
+    def log_tail(self, n: int = 40) -> str:
+        if self.log_path is None or not Path(self.log_path).exists():
+            return ""
+        lines = Path(self.log_path).read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+    def is_ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/health/ready", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def wait_ready(self) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                raise ServeError(f"tritonserver exited with code {self._proc.returncode} before it was ready; "
+                                 f"its log ({self.log_path}) ends with:\n{self.log_tail()}")
+            if self.is_ready():
+                log.info("tritonserver ready: http %s grpc %s metrics %s", self.http_url, self.grpc_url,
+                         self.metrics_port)
+                return
+            time.sleep(0.25)
+        raise ServeError(f"tritonserver not ready after {self.ready_timeout:.0f} s (a model failed to load?); "
+                         f"log tail:\n{self.log_tail()}")
+
+    def stop(self) -> None:
+        """SIGTERM, wait, SIGKILL the process group if needed; remove shm regions left by this server."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            pgid = proc.pid
+            self._shm |= _mapped_shm(_group_pids(pgid))
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("tritonserver did not stop within %.0f s; killing its process group", self.stop_timeout)
+                os.killpg(pgid, signal.SIGKILL)
+                proc.wait()
+            deadline = time.monotonic() + 10.0
+            while _group_pids(pgid) and time.monotonic() < deadline:  # stubs exit right after the server
+                time.sleep(0.1)
+            stragglers = _group_pids(pgid)
+            if stragglers:
+                log.warning("killing %d leftover process(es) of the server: %s", len(stragglers), stragglers)
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for name in sorted(self._shm):
+            path = Path("/dev/shm") / name
+            if path.exists():
+                log.warning("removing leftover shared memory region %s", path)
+                path.unlink(missing_ok=True)
+        self._shm.clear()
+        if self._tmp is not None:
+            keep_log = self.log_path is not None and self._tmp in Path(self.log_path).parents
+            shutil.rmtree(self._tmp / "backends", ignore_errors=True)
+            if not keep_log:
+                shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()

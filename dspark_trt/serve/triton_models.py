@@ -1,0 +1,288 @@
+"""The logic behind model_repo/*/1/model.py: each TritonPythonModel there subclasses one class here and sets
+`pb = triton_python_backend_utils` (only importable inside the python-backend stub, hence passed in).
+
+Owns tensor plumbing between Triton and dspark_trt: reading optional inputs, error responses (a DsparkError
+becomes pb_utils.TritonError with its message; anything else is logged and answered, never a crashed stub),
+and the response sender wrapper handed to the in-flight batching worker. Models:
+- PreprocessingModel: text_input (+ apply_chat_template, stop_words) → input_ids, stop_words_ids.
+- DsparkModel (decoupled): input_ids + generation inputs → the worker; responses output_ids / context_ids /
+  final / stats.
+- PostprocessingModel: output_ids + context_ids + final → text_output (incremental detokenization).
+- TargetModel / DraftModel: one explicit-batch pass (max_batch_size 0) over the same backend, for scoring and
+  debugging; they are the slots where TRT-LLM engines sit on a GPU host (see dspark_trt.serve.worker for why the
+  round loop executes the models in process).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+
+from dspark_trt.errors import DsparkError, RequestError
+from dspark_trt.serve.metrics import ServeMetrics
+from dspark_trt.serve.pipeline import ServeConfig, load_backend, load_tokenizer_for, make_batcher
+from dspark_trt.serve.text import delta_text, encode_prompt, encode_stop_words, pack_stop_words, unpack_stop_words
+from dspark_trt.serve.validate import check_request_parameters, decode_text, parse_generation, single
+from dspark_trt.serve.worker import Job, faults_from_env
+
+log = logging.getLogger("dspark_trt.serve")
+
+GEN_INPUTS = ("max_tokens", "stream", "temperature", "top_p", "random_seed", "end_id", "policy", "min_k", "max_k",
+              "return_stats")
+
+
+def _setup_logging() -> None:
+    root = logging.getLogger("dspark_trt")
+    if not root.handlers:
+        h = logging.StreamHandler(sys.stderr)
+        h.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(h)
+        root.setLevel(logging.INFO)
+
+
+class _Base:
+    pb: Any = None  # triton_python_backend_utils, set by model.py
+
+    def initialize(self, args: dict[str, str]) -> None:
+        _setup_logging()
+        self.model_config = json.loads(args["model_config"])
+        self.cfg = ServeConfig.from_model_config(self.model_config)
+        self.name = self.model_config.get("name", "?")
+
+    def _get(self, request: Any, name: str) -> np.ndarray | None:
+        t = self.pb.get_input_tensor_by_name(request, name)
+        return None if t is None else t.as_numpy()
+
+    def _error(self, exc: BaseException) -> Any:
+        if isinstance(exc, DsparkError):
+            msg = str(exc)
+        else:
+            log.exception("%s: unexpected error", self.name)
+            msg = f"internal error in {self.name} ({type(exc).__name__}: {exc}); see the server log"
+        try:
+            err = self.pb.TritonError(msg, self.pb.TritonError.INVALID_ARG if isinstance(exc, RequestError)
+                                      else self.pb.TritonError.INTERNAL)
+        except (AttributeError, TypeError):
+            err = self.pb.TritonError(msg)
+        return self.pb.InferenceResponse(output_tensors=[], error=err)
+
+    def _bytes(self, name: str, values: Sequence[bytes], shape: tuple[int, ...]) -> Any:
+        return self.pb.Tensor(name, np.array(list(values), dtype=np.object_).reshape(shape))
+
+    def finalize(self) -> None:
+        log.info("%s unloaded", getattr(self, "name", "?"))
+
+
+class PreprocessingModel(_Base):
+    """Tokenize the prompt (optionally through the chat template) and the stop words."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        super().initialize(args)
+        self.tokenizer = load_tokenizer_for(self.cfg)
+
+    def _one(self, request: Any) -> Any:
+        check_request_parameters(request.parameters())
+        text = decode_text(single({"text_input": self._get(request, "text_input")}, "text_input"), "text_input")
+        chat = single({"c": self._get(request, "apply_chat_template")}, "c")
+        ids = encode_prompt(self.tokenizer, text, bool(chat) if chat is not None else False,
+                            self.cfg.max_prompt_tokens)
+        words = self._get(request, "stop_words")
+        stops = encode_stop_words(self.tokenizer, list(np.asarray(words).reshape(-1))) if words is not None else []
+        return self.pb.InferenceResponse(output_tensors=[
+            self.pb.Tensor("input_ids", np.asarray(ids, dtype=np.int32).reshape(1, -1)),  # [1, T]
+            self.pb.Tensor("stop_words_ids", pack_stop_words(stops)[None]),  # [1, 2, N]
+        ])
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        out = []
+        for r in requests:
+            try:
+                out.append(self._one(r))
+            except Exception as exc:  # noqa: BLE001 - answered as an error response
+                out.append(self._error(exc))
+        return out
+
+
+class PostprocessingModel(_Base):
+    """Detokenize one response's ids (delta after context_ids while streaming)."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        super().initialize(args)
+        self.tokenizer = load_tokenizer_for(self.cfg)
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        out = []
+        for r in requests:
+            try:
+                ids = [int(t) for t in np.asarray(self._get(r, "output_ids")).reshape(-1)]
+                ctx = self._get(r, "context_ids")
+                ctx_ids = [] if ctx is None else [int(t) for t in np.asarray(ctx).reshape(-1)]
+                fin = self._get(r, "final")
+                final = True if fin is None else bool(np.asarray(fin).reshape(-1)[0])
+                text = delta_text(self.tokenizer, ctx_ids, ids, final)
+                out.append(self.pb.InferenceResponse(output_tensors=[
+                    self._bytes("text_output", [text.encode("utf-8")], (1, 1))]))
+            except Exception as exc:  # noqa: BLE001
+                out.append(self._error(exc))
+        return out
+
+
+class _Sink:
+    """ResponseSink over a python-backend response sender (thread-safe, at most one final response)."""
+
+    def __init__(self, model: "DsparkModel", sender: Any) -> None:
+        self.m, self.sender = model, sender
+        self.closed = False
+        self.lock = threading.Lock()
+
+    def send(self, new_ids: Sequence[int], context_ids: Sequence[int], final: bool,
+             stats: dict[str, object] | None) -> None:
+        pb = self.m.pb
+        tensors = [pb.Tensor("output_ids", np.asarray(list(new_ids), dtype=np.int32).reshape(1, -1)),  # [1, n]
+                   pb.Tensor("context_ids", np.asarray(list(context_ids), dtype=np.int32).reshape(1, -1)),
+                   pb.Tensor("final", np.array([[final]], dtype=np.bool_))]
+        if final:
+            payload = json.dumps(stats).encode() if stats is not None else b""
+            tensors.append(self.m._bytes("stats", [payload], (1, 1)))
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = final
+            self.sender.send(pb.InferenceResponse(output_tensors=tensors),
+                             flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+
+    def error(self, message: str) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            self.sender.send(self.m._error(RequestError(message)), flags=self.m.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def is_cancelled(self) -> bool:
+        try:
+            return bool(self.sender.is_cancelled())
+        except Exception:  # noqa: BLE001 - a sender already closed counts as gone
+            return self.closed
+
+
+class DsparkModel(_Base):
+    """Decoupled scheduler model: validates, then hands each request to the in-flight batching worker."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        super().initialize(args)
+        self.loaded = load_backend(self.cfg)
+        self.limits = self.cfg.limits(self.loaded.vocab_size)
+        self.metrics = ServeMetrics(self.pb, gamma=self.cfg.gamma, model=self.name)
+        self.batcher = make_batcher(self.cfg, self.loaded, self.metrics, faults_from_env())
+
+    def _job(self, request: Any, sink: _Sink) -> Job:
+        ids = self._get(request, "input_ids")
+        if ids is None:
+            raise RequestError("input_ids is required")
+        arr = np.asarray(ids)
+        if arr.ndim == 2 and arr.shape[0] != 1:
+            raise RequestError(f"one prompt per request, got a batch of {arr.shape[0]}; send concurrent requests "
+                               "instead (they are batched in flight)")
+        prompt = tuple(int(t) for t in arr.reshape(-1))
+        bad = [t for t in prompt if not 0 <= t < self.limits.vocab_size]
+        if bad:
+            raise RequestError(f"input_ids {bad[:5]} are outside the vocabulary [0, {self.limits.vocab_size})")
+        inputs = {name: self._get(request, name) for name in GEN_INPUTS}
+        stops = unpack_stop_words(self._get(request, "stop_words_ids"))
+        params = parse_generation(inputs, len(prompt), self.limits, stops)
+        return Job(prompt, params, sink, self.loaded.eos_ids)
+
+    def execute(self, requests: list[Any]) -> None:
+        for r in requests:
+            sink = _Sink(self, r.get_response_sender())
+            try:
+                self.batcher.submit(self._job(r, sink))
+            except Exception as exc:  # noqa: BLE001
+                self.metrics.inc("dspark_errors_total")
+                sink.error(str(exc)) if isinstance(exc, DsparkError) else sink.sender.send(
+                    self._error(exc), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+
+    def finalize(self) -> None:
+        self.batcher.stop()
+        self.metrics.close()
+        super().finalize()
+
+
+class _OnePass(_Base):
+    """Explicit-batch model over the backend: input_ids [B, T] right-padded + input_lengths [B]."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        super().initialize(args)
+        self.loaded = load_backend(self.cfg)
+        self.lock = threading.Lock()
+
+    def _prompts(self, request: Any) -> list[list[int]]:
+        ids = self._get(request, "input_ids")
+        lens = self._get(request, "input_lengths")
+        if ids is None or lens is None:
+            raise RequestError("input_ids [B, T] and input_lengths [B] are required")
+        ids, lens = np.asarray(ids).reshape(len(np.asarray(lens).reshape(-1)), -1), np.asarray(lens).reshape(-1)
+        if not 1 <= len(lens) <= self.cfg.max_batch:
+            raise RequestError(f"batch must have 1..{self.cfg.max_batch} rows (MAX_BATCH_SIZE), got {len(lens)}")
+        prompts = [[int(t) for t in ids[i, : int(n)]] for i, n in enumerate(lens)]
+        for p in prompts:
+            if not 1 <= len(p) <= self.cfg.max_prompt_tokens:
+                raise RequestError(f"each row needs 1..{self.cfg.max_prompt_tokens} tokens, got {len(p)}")
+            if any(not 0 <= t < self.loaded.vocab_size for t in p):
+                raise RequestError(f"input_ids must be in [0, {self.loaded.vocab_size})")
+        return prompts
+
+    def execute(self, requests: list[Any]) -> list[Any]:
+        out = []
+        for r in requests:
+            try:
+                prompts = self._prompts(r)
+                slots = list(range(len(prompts)))
+                with self.lock:
+                    try:
+                        out.append(self._run(r, slots, prompts))
+                    finally:
+                        for s in slots:
+                            self.loaded.backend.release(s)
+            except Exception as exc:  # noqa: BLE001
+                out.append(self._error(exc))
+        return out
+
+    def _run(self, request: Any, slots: list[int], prompts: list[list[int]]) -> Any:
+        raise NotImplementedError
+
+
+class TargetModel(_OnePass):
+    """One target forward per row: the next greedy token and the last-position logits."""
+
+    def _run(self, request: Any, slots: list[int], prompts: list[list[int]]) -> Any:
+        logits = self.loaded.backend.prefill(slots, prompts).float()  # [B, V]
+        return self.pb.InferenceResponse(output_tensors=[
+            self.pb.Tensor("next_token_ids", logits.argmax(-1).numpy().astype(np.int32)),  # [B]
+            self.pb.Tensor("last_logits", logits.numpy().astype(np.float32))])  # [B, V]
+
+
+class DraftModel(_OnePass):
+    """One drafter block per row after the target's greedy next token: draft_ids [B, γ], confidence [B, γ]."""
+
+    def _run(self, request: Any, slots: list[int], prompts: list[list[int]]) -> Any:
+        import torch  # noqa: PLC0415
+
+        from dspark_trt.spec.protocols import SamplingParams  # noqa: PLC0415
+
+        g = single({"gamma": self._get(request, "gamma")}, "gamma")
+        gamma = self.cfg.gamma if g is None else int(g)
+        if not 1 <= gamma <= self.cfg.gamma:
+            raise RequestError(f"gamma must be in 1..{self.cfg.gamma} (the build's γ), got {gamma}")
+        anchors = self.loaded.backend.prefill(slots, prompts).float().argmax(-1)  # [B]
+        block = self.loaded.backend.draft(slots, anchors.long(), gamma, [SamplingParams()] * len(slots))
+        conf = block.conf if block.conf is not None else torch.full(block.tokens.shape, float("nan"))
+        return self.pb.InferenceResponse(output_tensors=[
+            self.pb.Tensor("anchor_ids", anchors.numpy().astype(np.int32)),  # [B]
+            self.pb.Tensor("draft_ids", block.tokens.numpy().astype(np.int32)),  # [B, γ]
+            self.pb.Tensor("confidence", conf.float().numpy().astype(np.float32))])  # [B, γ]

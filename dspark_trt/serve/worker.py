@@ -1,0 +1,269 @@
+"""In-flight batching worker of the `dspark` Triton model: one central round loop for every active request.
+
+Mechanism (chosen from shared/research/triton-on-cpu.md, measured with 16 streaming clients): the decoupled
+`dspark` model's execute() only validates a request and hands it, with its response sender, to this worker; a
+single background thread runs spec.loop.RoundScheduler — admit waiting requests (batched prefill) → ONE
+batched draft pass → K per request → ONE batched target verify pass → accept → commit — and streams each
+request's committed tokens after every round. Requests join and leave between rounds. The draft and target
+models execute in process, next to their KV caches: a central loop with in-process models gave the largest
+batches (12.4 of ideal ≈ 13) and the lowest latency in that measurement; calling the `draft`/`target` Triton
+models by BLS once per round batched just as well (12.6) but added two round trips and tensor copies per round
+and would split the KV caches from the loop that rolls them back. Per-request BLS broke batches up (2–4.5).
+On a GPU host the same loop drives the TRT-LLM engines through the runtime's Backend.
+
+Owns: Job / ResponseSink (what execute() hands over), GatedRoundScheduler (speculation off per round under
+overload), TimedBackend (draft/verify latency, drafter-failure count, optional fault injection), InflightBatcher.
+Knows nothing of pb_utils: the adapter passes a ResponseSink and a ServeMetrics.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+import torch
+
+from dspark_trt.errors import DrafterError
+from dspark_trt.serve.metrics import ServeMetrics
+from dspark_trt.serve.text import CONTEXT_TOKENS
+from dspark_trt.serve.validate import GenerationParams, to_loop_request
+from dspark_trt.spec.loop import RoundEvent, RoundScheduler
+
+log = logging.getLogger(__name__)
+
+FAULT_ENV = "DSPARK_SERVE_FAULTS"  # "draft": every draft pass raises (tests the plain-decoding fallback)
+
+
+class ResponseSink(Protocol):
+    """Where one request's responses go (the python backend's response sender, wrapped)."""
+
+    def send(self, new_ids: Sequence[int], context_ids: Sequence[int], final: bool,
+             stats: dict[str, object] | None) -> None: ...
+
+    def error(self, message: str) -> None: ...
+
+    def is_cancelled(self) -> bool: ...
+
+
+@dataclass
+class Job:
+    """One validated request on its way through the round loop."""
+
+    prompt_ids: tuple[int, ...]
+    params: GenerationParams
+    sink: ResponseSink
+    eos_ids: tuple[int, ...] = ()
+    rid: int = -1
+    tokens: list[int] = field(default_factory=list)  # generated so far
+    sent: int = 0  # tokens already streamed
+    n_rounds_seen: int = 0  # len(stats.rounds) at the previous event
+    batch_sizes: list[int] = field(default_factory=list)
+    spec_off_rounds: int = 0
+    t_submit: float = field(default_factory=time.monotonic)
+    t_first: float | None = None
+
+
+class GatedRoundScheduler(RoundScheduler):
+    """RoundScheduler whose rounds can run without speculation (K = 0 for everyone, drafter not run).
+
+    Overload switch: the worker sets `speculate = False` while the queue is deeper than MAX_QUEUE. Plain rounds
+    commit the target's own tokens, so outputs are unchanged; only the cost of drafting is saved.
+    """
+
+    speculate: bool = True
+
+    def _caps(self, acts: list[Any]) -> list[int]:  # noqa: D102 - see RoundScheduler._caps
+        caps = super()._caps(acts)
+        return caps if self.speculate else [0] * len(caps)
+
+
+class TimedBackend:
+    """A spec.protocols.Backend wrapper: times draft/verify passes, counts drafter failures, injects faults."""
+
+    def __init__(self, inner: Any, metrics: ServeMetrics, faults: str = "") -> None:
+        self._inner = inner
+        self._metrics = metrics
+        self._faults = set(f for f in faults.split(",") if f)
+        self.vocab_size = inner.vocab_size
+        self.max_batch = inner.max_batch
+        self.max_seq = inner.max_seq
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def draft(self, slots: Sequence[int], anchors: torch.Tensor, gamma: int, sampling: Sequence[Any]) -> Any:
+        t0 = time.perf_counter()
+        try:
+            if "draft" in self._faults:
+                raise DrafterError(f"injected drafter failure ({FAULT_ENV}=draft)")
+            return self._inner.draft(slots, anchors, gamma, sampling)  # DraftBlock tokens [B, γ]
+        except Exception:
+            self._metrics.inc("dspark_fallback_total")
+            raise  # the loop runs this round as plain decoding (logged there)
+        finally:
+            self._metrics.observe("dspark_draft_latency_seconds", time.perf_counter() - t0)
+
+    def verify(self, slots: Sequence[int], tokens: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
+        try:
+            return self._inner.verify(slots, tokens, k)  # logits [B, K+1, V]
+        finally:
+            self._metrics.observe("dspark_verify_latency_seconds", time.perf_counter() - t0)
+
+
+def _stats_payload(job: Job, ev: RoundEvent | None) -> dict[str, object]:
+    out: dict[str, object] = dict(ev.stats.summary(with_rounds=True)) if ev is not None else {}
+    out["k_per_round"] = [r["k"] for r in out.get("rounds", [])]  # type: ignore[union-attr]
+    out["finish_reason"] = ev.finish_reason if ev is not None else None
+    bs = job.batch_sizes or [0]
+    out["batch"] = {"mean": round(sum(bs) / len(bs), 3), "max": max(bs), "rounds": len(job.batch_sizes)}
+    out["speculation_off_rounds"] = job.spec_off_rounds
+    out["time_to_first_token_ms"] = round(1e3 * ((job.t_first or time.monotonic()) - job.t_submit), 2)
+    out["latency_ms"] = round(1e3 * (time.monotonic() - job.t_submit), 2)
+    return out
+
+
+class InflightBatcher:
+    """The central round loop: submit() from any thread; one worker thread runs the rounds."""
+
+    def __init__(self, scheduler: GatedRoundScheduler, metrics: ServeMetrics, max_queue: int) -> None:
+        self.scheduler = scheduler
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self._incoming: deque[Job] = deque()
+        self._jobs: dict[int, Job] = {}
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="dspark-rounds", daemon=True)
+
+    def start(self) -> "InflightBatcher":
+        self._thread.start()
+        return self
+
+    def submit(self, job: Job) -> None:
+        with self._cond:
+            if self._stopping:
+                job.sink.error("the dspark model is shutting down; retry on another server")
+                return
+            self._incoming.append(job)
+            self._cond.notify()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop after the current round; every unfinished request gets an error response."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout)
+        for job in list(self._jobs.values()) + list(self._incoming):
+            job.sink.error("the dspark model was unloaded before this request finished; retry")
+        self._jobs.clear()
+        self._incoming.clear()
+
+    # ---- loop -----------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not self._incoming and not self._jobs:
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                incoming = list(self._incoming)
+                self._incoming.clear()
+            for job in incoming:
+                self._admit(job)
+            self._drop_cancelled()
+            if not self._jobs:
+                continue
+            try:
+                self._round()
+            except Exception as exc:  # noqa: BLE001 - a failed round must not kill the server
+                log.exception("round failed; answering its %d request(s) with errors", len(self._jobs))
+                for rid, job in list(self._jobs.items()):
+                    self.scheduler.cancel(rid)
+                    job.sink.error(f"generation failed in the round loop ({type(exc).__name__}: {exc}); "
+                                   "retry, and report it with the server log if it persists")
+                    self.metrics.inc("dspark_errors_total")
+                self._jobs.clear()
+
+    def _admit(self, job: Job) -> None:
+        try:
+            job.rid = self.scheduler.add(to_loop_request(job.prompt_ids, job.params, job.eos_ids))
+        except Exception as exc:  # noqa: BLE001 - InvalidArgumentError/RequestError carry the fix
+            job.sink.error(str(exc))
+            self.metrics.inc("dspark_errors_total")
+            return
+        self._jobs[job.rid] = job
+
+    def _drop_cancelled(self) -> None:
+        for rid, job in list(self._jobs.items()):
+            if job.sink.is_cancelled():
+                self.scheduler.cancel(rid)  # frees the request's KV slot (target and drafter)
+                del self._jobs[rid]
+                self.metrics.inc("dspark_cancelled_total")
+                job.sink.error("request cancelled by the client")
+                log.info("request %d cancelled by the client after %d tokens; KV slot freed", rid, len(job.tokens))
+
+    def _round(self) -> None:
+        depth = self.scheduler.pending
+        speculate = depth <= self.max_queue
+        if speculate != self.scheduler.speculate:
+            log.warning("queue depth %d %s MAX_QUEUE %d: speculation %s", depth, ">" if not speculate else "≤",
+                        self.max_queue, "off" if not speculate else "back on")
+        self.scheduler.speculate = speculate
+        self.metrics.set("dspark_queue_depth", depth)
+        events = self.scheduler.step()
+        self.metrics.set("dspark_active_requests", self.scheduler.active)
+        batch = len(events)
+        ks: list[int] = []
+        accepted = committed = prefilled = prefill_tokens = 0
+        for ev in events:
+            job = self._jobs.get(ev.request_id)
+            if job is None:
+                continue
+            new_records = ev.stats.rounds[job.n_rounds_seen:]
+            job.n_rounds_seen = len(ev.stats.rounds)
+            round_tokens = sum(r.committed for r in new_records)
+            if new_records:
+                ks.extend(r.k for r in new_records)
+                accepted += sum(r.accepted for r in new_records)
+                committed += round_tokens
+                job.batch_sizes.append(batch)
+                job.spec_off_rounds += int(not speculate)
+            if len(ev.new_tokens) > round_tokens:  # the prefill's first token
+                prefilled += 1
+                prefill_tokens += len(ev.new_tokens) - round_tokens
+            self._deliver(job, ev)
+        if ks:
+            self.metrics.round_done(len(ks), ks, accepted, committed, speculate)
+        if prefilled:
+            self.metrics.prefill_done(prefilled, prefill_tokens)
+
+    def _deliver(self, job: Job, ev: RoundEvent) -> None:
+        if ev.new_tokens and job.t_first is None:
+            job.t_first = time.monotonic()
+        job.tokens.extend(ev.new_tokens)
+        if ev.finished:
+            del self._jobs[job.rid]
+            self.metrics.inc("dspark_requests_total")
+            stats = _stats_payload(job, ev) if job.params.return_stats else None
+            if job.params.stream:
+                job.sink.send(job.tokens[job.sent:], job.tokens[max(0, job.sent - CONTEXT_TOKENS):job.sent], True,
+                              stats)
+            else:
+                job.sink.send(job.tokens, [], True, stats)
+            job.sent = len(job.tokens)
+        elif job.params.stream and len(job.tokens) > job.sent:
+            job.sink.send(job.tokens[job.sent:], job.tokens[max(0, job.sent - CONTEXT_TOKENS):job.sent], False, None)
+            job.sent = len(job.tokens)
+
+
+def faults_from_env() -> str:
+    """Fault injection for tests of the fallback path (never set in production)."""
+    faults = os.environ.get(FAULT_ENV, "")
+    if faults:
+        log.warning("%s=%s: injecting faults", FAULT_ENV, faults)
+    return faults

@@ -1,0 +1,8 @@
+"""Triton adapter for the `target` model: all logic lives in dspark_trt.serve.triton_models.TargetModel."""
+import triton_python_backend_utils as pb_utils
+
+from dspark_trt.serve.triton_models import TargetModel
+
+
+class TritonPythonModel(TargetModel):
+    pb = pb_utils
