@@ -1,8 +1,8 @@
 """The one dispatch point between the runtime and the kernels.
 
 Owns the routing decision only: CUDA tensors + importable OpenAI Triton → plugins/ kernels;
-anything else → the torch reference (dspark_trt.spec.accept for acceptance, the DSpark drafter's own
-torch code path for the Markov step). It holds no algorithm code of its own and never imports
+anything else → the torch reference (dspark_trt.spec.accept for acceptance; plugins/block_draft/reference.py,
+written in the DSpark drafter's own terms, for the Markov block). It holds no algorithm code of its own and never imports
 tensorrt. The reference modules are imported lazily so this file imports before they exist.
 """
 from __future__ import annotations
@@ -110,42 +110,32 @@ def accept(
     return _spec_accept().sample_accept(logits, draft, q, k, temperature, top_p, seeds, positions)
 
 
-def markov_step(
-    backbone_logits: torch.Tensor,  # [B, V] U_k for one block position
-    prev: torch.Tensor,  # [B] long previous in-block token x_{k-1}
-    w1: torch.Tensor,  # [V, r] Markov embedding
-    w2: torch.Tensor,  # [r, V] Markov projection
-    sampling: Sequence[SamplingParams],
-    positions: torch.Tensor,  # [B] int64 absolute position of the token drafted here (RNG key)
-    want_q: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One DSpark Markov step → (token [B] long, q [B, V] f32 at the serving temperature/top-p, or None)."""
-    tokens, q = markov_block(backbone_logits.unsqueeze(1), prev, w1, w2, sampling, positions, want_q)
-    return tokens[:, 0], (None if q is None else q[:, 0])
-
-
 def markov_block(
-    backbone_logits: torch.Tensor,  # [B, γ, V] U_1..U_γ
-    anchor: torch.Tensor,  # [B] long x_0
-    w1: torch.Tensor,  # [V, r]
-    w2: torch.Tensor,  # [r, V]
+    backbone_logits: torch.Tensor,  # [B, γ, Vd] U_1..U_γ (float32)
+    anchor: torch.Tensor,  # [B] long target ids x_0
+    w1: torch.Tensor,  # [Vt, r] markov_w1.weight
+    w2: torch.Tensor,  # [Vd, r] markov_w2.weight (nn.Linear layout)
     sampling: Sequence[SamplingParams],
-    positions: torch.Tensor,  # [B] int64 absolute position of d_1
-    want_q: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """γ Markov steps left to right → (tokens [B, γ] long, q [B, γ, V] f32 or None); one launch on CUDA,
-    plugins/block_draft/reference.py elsewhere (and for top_p < 1)."""
+    positions: torch.Tensor,  # [B] int64 absolute position of d_1 (RNG key)
+    d2t: torch.Tensor | None = None,  # [Vd] long draft id → target id
+    conf_bias: torch.Tensor | None = None,  # [B, γ] f32: w_h·h_k + b of the confidence head
+    w_conf: torch.Tensor | None = None,  # [r] f32: the W1 half of the confidence weight
+    conf_temp: torch.Tensor | None = None,  # [γ] f32 confidence temperatures
+) -> Any:
+    """γ DSpark Markov steps left to right → plugins.block_draft.reference.MarkovBlock(tokens [B, γ] target ids,
+    q [B, γ, Vd] f32 over the draft vocabulary, conf [B, γ] | None). One kernel launch on CUDA (top_p = 1);
+    the torch reference (same semantics, incl. the STREAM_DRAFT exponential race) elsewhere."""
     if backbone_logits.dim() != 3 or backbone_logits.shape[0] != len(sampling):
         raise InvalidArgumentError(
             f"markov_block expects U [B, γ, V] and B sampling params; got {tuple(backbone_logits.shape)} and "
             f"{len(sampling)}")
     temperature, top_p, seeds = sampling_tensors(sampling, backbone_logits.device)
     positions = positions.to(device=backbone_logits.device, dtype=torch.int64)
+    extra = dict(d2t=d2t, conf_bias=conf_bias, w_conf=w_conf, conf_temp=conf_temp)
     if use_kernels(backbone_logits, anchor, w1, w2) and all(s.top_p >= 1.0 for s in sampling):
         from plugins import api
 
-        return api.markov_block(backbone_logits, anchor, w1, w2, temperature, seeds, positions, want_q=want_q)
+        return api.markov_block(backbone_logits, anchor, w1, w2, temperature, seeds, positions, **extra)
     from plugins.block_draft import reference
 
-    return reference.markov_block(backbone_logits, anchor, w1, w2, temperature, seeds, positions, want_q=want_q,
-                                  top_p=top_p)
+    return reference.markov_block(backbone_logits, anchor, w1, w2, temperature, seeds, positions, top_p, **extra)

@@ -1,10 +1,10 @@
 """OpenAI Triton kernel of the DSpark Markov head over a whole block: γ dependent steps in one launch.
 
 Owns `markov_block_kernel`, grid (B,): program b loops k = 1..γ; each step gathers z = W1[x_{k-1}] (r values),
-streams W2 in [BLOCK_R, BLOCK_V] tiles to form x = (U_k + z·W2) / T into the q row with an online max/argmax/Σexp,
+streams W2 (nn.Linear layout [Vd, r]) in [BLOCK_R, BLOCK_V] tiles to form x = (U_k + z·W2) / T into the q row with an online max/argmax/Σexp,
 then re-reads that row once to normalise q and run the exponential race (STREAM_DRAFT) for sampled rows; the
-drawn token feeds step k+1. Optional confidence c_k = sigmoid(conf_bias_k + z·w_conf). Semantics are
-plugins/block_draft/reference.py (top_p = 1). Pointers, strides and sizes only (compiles for TensorRT QDP).
+drawn token (mapped through d2t) feeds step k+1. Optional confidence c_k = sigmoid((conf_bias_k + z·w_conf) / T_k). Semantics are
+plugins/block_draft/reference.py (top_p = 1). Parameter order follows the TensorRT QDP AOT ABI (inputs, int32 scalars, outputs, constexprs).
 """
 from __future__ import annotations
 
@@ -19,23 +19,26 @@ BIG_IDX: tl.constexpr = tl.constexpr(2147483647)
 
 @triton.jit
 def markov_block_kernel(
-    u_ptr,  # [B, γ, V] backbone logits U (fp32/bf16/fp16), last stride 1
-    anchor_ptr,  # [B] int64 x_0
-    w1_ptr,  # [V, R] Markov embedding, row-major
-    w2_ptr,  # [R, V] Markov projection, row-major
-    temp_ptr,  # [B] fp32 (≤ 0 → argmax)
-    seed_ptr,  # [B] int64
-    pos_ptr,  # [B] int64 absolute position of d_1
-    cbias_ptr,  # [B, γ] fp32 confidence bias (read when HAS_CONF)
-    wconf_ptr,  # [R] fp32 (read when HAS_CONF)
-    tok_ptr,  # [B, γ] int64 out
-    q_ptr,  # [B, γ, V] fp32 out (scratch for x, then q)
-    conf_ptr,  # [B, γ] fp32 out (written when HAS_CONF)
+    u_ptr,  # in [B, γ, Vd] backbone logits U (fp32/bf16/fp16), last stride 1
+    anchor_ptr,  # in [B] int64/int32 x_0 (target id)
+    w1_ptr,  # in [Vt, R] Markov embedding (markov_w1.weight), row-major
+    w2_ptr,  # in [Vd, R] Markov projection (markov_w2.weight, nn.Linear layout), row-major
+    d2t_ptr,  # in [Vd] int64/int32 draft id → target id (read when HAS_D2T)
+    temp_ptr,  # in [B] fp32 (≤ 0 → argmax)
+    seed_ptr,  # in [B] int64/int32
+    pos_ptr,  # in [B] int64/int32 absolute position of d_1
+    cbias_ptr,  # in [B, γ] fp32 confidence bias w_h·h_k + b (read when HAS_CONF)
+    wconf_ptr,  # in [R] fp32 W1 half of the confidence weight (read when HAS_CONF)
+    ctemp_ptr,  # in [γ] fp32 confidence temperatures (read when HAS_CONF)
     V,
     R,
     GAMMA,
     stride_ub,
     stride_uk,
+    tok_ptr,  # out [B, γ] int64/int32 target ids
+    q_ptr,  # out [B, γ, Vd] fp32 (scratch for x, then q)
+    conf_ptr,  # out [B, γ] fp32 (written when HAS_CONF)
+    HAS_D2T: tl.constexpr,
     HAS_CONF: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -46,12 +49,12 @@ def markov_block_kernel(
     t = tl.where(sampled, t_raw, 1.0)
     seed = tl.load(seed_ptr + b)
     pos0 = tl.load(pos_ptr + b)
-    prev = tl.load(anchor_ptr + b)
+    prev = tl.load(anchor_ptr + b).to(tl.int64)
     offs_v = tl.arange(0, BLOCK_V)
     offs_r = tl.arange(0, BLOCK_R)
     rmask = offs_r < R
     for i in range(0, GAMMA):
-        z = tl.load(w1_ptr + prev * R + offs_r, mask=rmask, other=0.0).to(tl.float32)  # [BLOCK_R]
+        z = tl.load(w1_ptr + prev * R + offs_r, mask=rmask, other=0.0).to(tl.float32)  # [BLOCK_R] W1[x_{k-1}]
         urow = u_ptr + b.to(tl.int64) * stride_ub + i * stride_uk
         qrow = q_ptr + (b.to(tl.int64) * GAMMA + i) * V
         m = tl.full((), NEG_INF, tl.float32)
@@ -60,9 +63,10 @@ def markov_block_kernel(
         for v0 in range(0, V, BLOCK_V):
             idx = v0 + offs_v
             vmask = idx < V
-            w2 = tl.load(w2_ptr + offs_r[:, None] * V + idx[None, :], mask=rmask[:, None] & vmask[None, :],
-                         other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_V]
-            bias = tl.sum(z[:, None] * w2, axis=0)  # [BLOCK_V]
+            w2 = tl.load(w2_ptr + idx[None, :] * R + offs_r[:, None], mask=rmask[:, None] & vmask[None, :],
+                         other=0.0)  # [BLOCK_R, BLOCK_V] tile of W2ᵀ
+            bias = tl.sum(z[:, None] * w2.to(tl.float32), axis=0)  # [BLOCK_V]
+            bias = bias.to(w2_ptr.dtype.element_ty).to(tl.float32)  # F.linear rounds to the weight dtype
             x = (tl.load(urow + idx, mask=vmask, other=0.0).to(tl.float32) + bias) / t
             x = tl.where(vmask, x, NEG_INF)
             tl.store(qrow + idx, x, mask=vmask)
@@ -92,10 +96,12 @@ def markov_block_kernel(
             best = tl.maximum(best, tb)
         tl.debug_barrier()
         tok = tl.where(sampled, arg, am).to(tl.int64)
+        if HAS_D2T:
+            tok = tl.load(d2t_ptr + tok).to(tl.int64)
         tl.store(tok_ptr + b.to(tl.int64) * GAMMA + i, tok)
         if HAS_CONF:
             wc = tl.load(wconf_ptr + offs_r, mask=rmask, other=0.0).to(tl.float32)
             cb = tl.load(cbias_ptr + b.to(tl.int64) * GAMMA + i)
-            logit = cb + tl.sum(z * wc, axis=0)
+            logit = (cb + tl.sum(z * wc, axis=0)) / tl.load(ctemp_ptr + i)
             tl.store(conf_ptr + b.to(tl.int64) * GAMMA + i, 1.0 / (1.0 + tl.exp(-logit)))
         prev = tok

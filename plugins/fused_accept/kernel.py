@@ -11,7 +11,8 @@ Owns two kernels, the launch order and the partial-statistics layout between the
    max(0, p − q) at a rejection, p for the bonus). Greedy rows never re-read logits.
 
 Semantics are spec.accept.greedy_accept / sample_accept (top_p = 1; the launcher routes top-p < 1 elsewhere).
-Knows nothing of torch: pointers, strides and sizes only (so the same source compiles for TensorRT QDP).
+Knows nothing of torch. Parameter order follows the TensorRT QDP AOT ABI: input pointers, then int32 scalars,
+then output pointers, then constexprs (plugins/fused_accept/trt.py compiles these very functions).
 """
 from __future__ import annotations
 
@@ -26,17 +27,17 @@ BIG_IDX: tl.constexpr = tl.constexpr(2147483647)
 
 @triton.jit
 def accept_stats_kernel(
-    logits_ptr,  # [B, K+1, V] fp32/bf16/fp16, row-major with stride_lb, stride_lk, 1
-    k_ptr,  # [B] int64 verify lengths
-    temp_ptr,  # [B] fp32 temperature (≤ 0 → greedy → T = 1)
-    part_f_ptr,  # [B*(K+1), S, 3] fp32 out: (max x, second max x, Σ exp(x − max))
-    part_i_ptr,  # [B*(K+1), S] int32 out: lowest argmax index
+    logits_ptr,  # in [B, K+1, V] fp32/bf16/fp16, row-major with stride_lb, stride_lk, 1
+    k_ptr,  # in [B] int64/int32 verify lengths
+    temp_ptr,  # in [B] fp32 temperature (≤ 0 → greedy → T = 1)
     V,
     KP1,
     S,
     chunk,  # V elements per split (multiple of BLOCK_V)
     stride_lb,
     stride_lk,
+    part_f_ptr,  # out [B*(K+1), S, 3] fp32: (max x, second max x, Σ exp(x − max))
+    part_i_ptr,  # out [B*(K+1), S] int32: lowest argmax index
     BLOCK_V: tl.constexpr,
 ):
     row = tl.program_id(0)
@@ -102,19 +103,15 @@ def _merge_partials(part_f_ptr, part_i_ptr, row, S, BLOCK_S: tl.constexpr):
 
 @triton.jit
 def accept_finalize_kernel(
-    logits_ptr,  # [B, K+1, V]
-    draft_ptr,  # [B, K] int64
-    q_ptr,  # [B, K, V] fp32 draft distributions (unused when HAS_Q is False)
-    k_ptr,  # [B] int64
-    temp_ptr,  # [B] fp32
-    seed_ptr,  # [B] int64
-    pos_ptr,  # [B] int64 absolute position of d_1
-    part_f_ptr,  # [B*(K+1), S, 3] fp32
-    part_i_ptr,  # [B*(K+1), S] int32
-    accepted_ptr,  # [B] int64 out
-    next_ptr,  # [B] int64 out
-    top1_ptr,  # [B, K+1] fp32 out
-    margin_ptr,  # [B, K+1] fp32 out
+    logits_ptr,  # in [B, K+1, V]
+    draft_ptr,  # in [B, K] int64/int32
+    q_ptr,  # in [B, K, V] fp32 draft distributions (never read when HAS_Q is False)
+    k_ptr,  # in [B] int64/int32
+    temp_ptr,  # in [B] fp32
+    seed_ptr,  # in [B] int64/int32 (low 32 bits used)
+    pos_ptr,  # in [B] int64/int32 absolute position of d_1
+    part_f_ptr,  # in [B*(K+1), S, 3] fp32 (from accept_stats_kernel)
+    part_i_ptr,  # in [B*(K+1), S] int32
     V,
     KP1,
     S,
@@ -123,6 +120,10 @@ def accept_finalize_kernel(
     stride_db,
     stride_qb,
     stride_qk,
+    accepted_ptr,  # out [B] int64/int32
+    next_ptr,  # out [B] int64/int32
+    top1_ptr,  # out [B, K+1] fp32
+    margin_ptr,  # out [B, K+1] fp32
     HAS_Q: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_V: tl.constexpr,

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 BLOCK_V = 2048  # tile of the online softmax (elements; 4 KiB of bf16)
 FINAL_BLOCK_V = 1024  # tile of the exponential-race row pass
 NUM_WARPS = 8
+FINAL_NUM_WARPS = 4
 TARGET_PROGRAMS = 528  # ~4 waves of programs on 132 SMs (H200)
 LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -89,8 +90,8 @@ def _launch(
     part_f = torch.empty(p.rows, p.splits, 3, dtype=torch.float32, device=dev)  # [B*(K+1), S, 3]
     part_i = torch.empty(p.rows, p.splits, dtype=torch.int32, device=dev)  # [B*(K+1), S]
     accept_stats_kernel[(p.rows, p.splits)](
-        logits, k, temperature, part_f, part_i, v, kp1, p.splits, p.chunk,
-        logits.stride(0), logits.stride(1), BLOCK_V=BLOCK_V, num_warps=NUM_WARPS,
+        logits, k, temperature, v, kp1, p.splits, p.chunk, logits.stride(0), logits.stride(1), part_f, part_i,
+        BLOCK_V=BLOCK_V, num_warps=NUM_WARPS,
     )
     has_q = q is not None
     if has_q:
@@ -99,10 +100,10 @@ def _launch(
     q_arg = q if has_q else part_f  # any valid pointer; never read when HAS_Q is False
     accept_finalize_kernel[(b,)](
         logits, draft, q_arg, k, temperature, seeds, positions, part_f, part_i,
-        accepted, next_token, top1, margin, v, kp1, p.splits,
-        logits.stride(0), logits.stride(1), draft.stride(0),
+        v, kp1, p.splits, logits.stride(0), logits.stride(1), draft.stride(0),
         q.stride(0) if has_q else 0, q.stride(1) if has_q else 0,
-        HAS_Q=has_q, BLOCK_S=p.block_s, BLOCK_V=FINAL_BLOCK_V, num_warps=4,
+        accepted, next_token, top1, margin,
+        HAS_Q=has_q, BLOCK_S=p.block_s, BLOCK_V=FINAL_BLOCK_V, num_warps=FINAL_NUM_WARPS,
     )
     return AcceptResult(accepted, next_token, top1, margin)
 
