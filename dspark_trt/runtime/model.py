@@ -1,0 +1,378 @@
+"""The runtime's Llama-family causal decoder, with weights held in TensorRT-LLM checkpoint layout.
+
+Owns: `CausalLM` (embedding → N × [RMSNorm → fused-qkv attention with RoPE → RMSNorm → fused
+gate|up SwiGLU MLP] → final norm → lm_head), ragged batched forward over a slot `KVCache`,
+hidden-state taps, and loading/exporting TensorRT-LLM named state dicts. Must not know about files
+(see hf_loader / build.trtllm_checkpoint), drafters or the speculative loop.
+
+Parameter names mirror TensorRT-LLM's llama checkpoint (tensorrt_llm/models/llama/convert.py):
+  transformer.vocab_embedding.weight                [V, d]
+  transformer.layers.N.input_layernorm.weight       [d]
+  transformer.layers.N.attention.qkv.{weight,bias}  [(H + 2·Hkv)·D, d]  rows = q | k | v
+  transformer.layers.N.attention.dense.weight       [d, H·D]
+  transformer.layers.N.post_layernorm.weight        [d]
+  transformer.layers.N.mlp.fused_fc.weight          [2·I, d]  rows = gate (HF up_proj) | fc (HF gate_proj)
+  transformer.layers.N.mlp.proj.weight              [d, I]    (HF down_proj)
+  transformer.ln_f.weight, lm_head.weight           [d], [V, d]
+TRT-LLM checkpoints store the MLP unfused as mlp.fc (= HF gate_proj, the SiLU input) and mlp.gate
+(= HF up_proj); `load_trtllm_state_dict` fuses them exactly like TRT-LLM's fuse_gate_mlp
+(concat [gate, fc]; SwiGLU applies SiLU to the second half) and `trtllm_state_dict` splits them back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Literal, Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dspark_trt.errors import CheckpointError, InvalidArgumentError
+from dspark_trt.runtime.config import ModelConfig
+from dspark_trt.runtime.kv_cache import KVCache
+
+# (qualified module name, in_features, out_features, bias) -> module mapping [..., in] -> [..., out]
+LinearFactory = Callable[[str, int, int, bool], nn.Module]
+
+
+def default_linear_factory(dtype: torch.dtype) -> LinearFactory:
+    """Plain nn.Linear in `dtype` (uninitialised: weights are loaded right after)."""
+
+    def make(name: str, in_features: int, out_features: int, bias: bool) -> nn.Module:
+        return nn.utils.skip_init(nn.Linear, in_features, out_features, bias=bias, dtype=dtype)
+
+    return make
+
+
+@dataclass
+class ModelOutput:
+    logits: torch.Tensor | None  # [B, T | 1, V] float32
+    hidden: torch.Tensor | None  # [B, T, len(taps) * d] model dtype, or None when no taps
+
+
+class RMSNorm(nn.Module):
+    """Weight holder; the math lives in `rms_norm` so the hot path skips module dispatch."""
+
+    def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """HF Llama RMSNorm numerics: normalise in fp32, round to the input dtype, then scale."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, weight.shape, weight, eps)
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, prefix: str, factory: LinearFactory) -> None:
+        super().__init__()
+        qkv_out = cfg.q_size + 2 * cfg.kv_size
+        self.qkv = factory(prefix + ".qkv", cfg.hidden_size, qkv_out, cfg.attention_bias)
+        self.dense = factory(prefix + ".dense", cfg.q_size, cfg.hidden_size, cfg.dense_bias)
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, prefix: str, factory: LinearFactory) -> None:
+        super().__init__()
+        self.fused_fc = factory(prefix + ".fused_fc", cfg.hidden_size, 2 * cfg.intermediate_size, cfg.mlp_bias)
+        self.proj = factory(prefix + ".proj", cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, i: int, factory: LinearFactory, dtype: torch.dtype) -> None:
+        super().__init__()
+        prefix = f"transformer.layers.{i}"
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.attention = Attention(cfg, prefix + ".attention", factory)
+        self.post_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.mlp = GatedMLP(cfg, prefix + ".mlp", factory)
+
+
+class _Step:
+    """Per-forward precomputation shared by every layer (positions, rope rows, mask, cache plan)."""
+
+    def __init__(self, model: "CausalLM", cache: KVCache, slots: torch.Tensor, T: int) -> None:
+        cfg = model.config
+        B = slots.numel()
+        start = cache.check_room(slots, T)  # [B] long
+        self.B, self.T = B, T
+        self.start = start
+        starts = start.tolist()
+        slot_list = slots.tolist()
+        self.span = max(starts) + T  # keys attended: positions 0..span-1
+        pos = start[:, None] + torch.arange(T)  # [B, T]
+        self.pos = pos
+        cos, sin = model.rope_tables(self.span)
+        self.cos = cos[pos].unsqueeze(2)  # [B, T, 1, D]
+        self.sin = sin[pos].unsqueeze(2)  # [B, T, 1, D]
+        self.cache = cache
+        # Contiguous ascending slots → views; otherwise gather the first `span` positions of each slot.
+        s0 = slot_list[0]
+        self.contiguous = slot_list == list(range(s0, s0 + B))
+        self.s0 = s0
+        self.slots = slots
+        self.single = B == 1
+        self.p0 = starts[0]
+        self.write_idx = None if self.single else (slots[:, None].expand(B, T), pos)  # ([B, T], [B, T])
+        # Mask [B, 1, T, span] (True = attend). None when every query may see every key up to its position
+        # trivially (one row, one token) or when plain causal masking from position 0 applies.
+        window = cfg.sliding_window
+        need_window = window is not None and self.span > window
+        if B == 1 and T == 1 and not need_window:
+            self.mask, self.causal = None, False
+        elif B == 1 and starts[0] == 0 and not need_window:
+            self.mask, self.causal = None, True
+        else:
+            keys = torch.arange(self.span)  # [S]
+            m = keys[None, None, :] <= pos[:, :, None]  # [B, T, S]
+            if need_window:
+                m &= keys[None, None, :] > pos[:, :, None] - window
+            self.mask, self.causal = m.unsqueeze(1), False  # [B, 1, T, S]
+
+    def kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [B, T, Hkv, D] into the cache; return keys/values [B, Hkv, span, D] to attend."""
+        ck, cv = self.cache.k[layer], self.cache.v[layer]  # [S, Hkv, max_seq, D]
+        if self.single:
+            p0, s = self.p0, self.s0
+            ck[s, :, p0:p0 + self.T].copy_(k[0].transpose(0, 1))
+            cv[s, :, p0:p0 + self.T].copy_(v[0].transpose(0, 1))
+        else:
+            ck.permute(0, 2, 1, 3).index_put_(self.write_idx, k)
+            cv.permute(0, 2, 1, 3).index_put_(self.write_idx, v)
+        if self.contiguous:
+            return ck[self.s0:self.s0 + self.B, :, :self.span], cv[self.s0:self.s0 + self.B, :, :self.span]
+        return ck[self.slots, :, :self.span], cv[self.slots, :, :self.span]
+
+
+class CausalLM(nn.Module):
+    """Llama / SmolLM2 / Mistral / Qwen2 decoder over a slot KV cache (see module docstring for names)."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype = torch.bfloat16,
+                 linear_factory: LinearFactory | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        factory = linear_factory or default_linear_factory(dtype)
+        c = config
+        self.transformer = nn.Module()
+        self.transformer.vocab_embedding = nn.utils.skip_init(nn.Embedding, c.vocab_size, c.hidden_size, dtype=dtype)
+        self.transformer.vocab_embedding.weight.requires_grad_(False)
+        self.transformer.layers = nn.ModuleList(DecoderLayer(c, i, factory, dtype) for i in range(c.num_layers))
+        self.transformer.ln_f = RMSNorm(c.hidden_size, c.rms_norm_eps, dtype)
+        self.lm_head = factory("lm_head", c.hidden_size, c.vocab_size, False)
+        if c.tie_word_embeddings and isinstance(self.lm_head, nn.Linear):
+            self.lm_head.weight = self.transformer.vocab_embedding.weight
+        for p in self.parameters():
+            p.requires_grad_(False)
+        inv_freq, self._rope_scale = c.rope_inv_freq()
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [D/2] float32
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._H, self._Hkv, self._D = c.num_heads, c.num_kv_heads, c.head_dim
+        self._scale = c.head_dim ** -0.5
+
+    # ----------------------------------------------------------------- accessors for drafters
+    @property
+    def embed_tokens(self) -> nn.Embedding:
+        return self.transformer.vocab_embedding
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.lm_head.weight  # [V, d]
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.transformer.layers
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids [B, T] long → [B, T, d] model dtype."""
+        return F.embedding(ids, self.transformer.vocab_embedding.weight)
+
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        """[..., d] → [..., d]: the final RMSNorm (ln_f) applied before lm_head."""
+        return rms_norm(h, self.transformer.ln_f.weight, self.config.rms_norm_eps)
+
+    def new_cache(self, max_batch: int, max_seq: int, dtype: torch.dtype | None = None) -> KVCache:
+        c = self.config
+        return KVCache(c.num_layers, max_batch, c.num_kv_heads, max_seq, c.head_dim, dtype or self.dtype,
+                       self.transformer.vocab_embedding.weight.device)
+
+    def rope_tables(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [≥n, D] in the model dtype (HF numerics: angles and cos/sin in fp32, then cast)."""
+        if self._rope is None or self._rope[0].shape[0] < n or self._rope[0].dtype != self.dtype:
+            size = max(n, min(self.config.max_position_embeddings, 8192), 1024)
+            t = torch.arange(size, dtype=torch.int64).float()
+            freqs = t[:, None] * self.inv_freq.float()[None, :]  # [size, D/2]
+            emb = torch.cat((freqs, freqs), dim=-1)  # [size, D]
+            self._rope = ((emb.cos() * self._rope_scale).to(self.dtype), (emb.sin() * self._rope_scale).to(self.dtype))
+        return self._rope
+
+    # ----------------------------------------------------------------- forward
+    @torch.no_grad()  # not inference_mode: drafter training may feed taps into autograd
+    def forward(self, input_ids: torch.Tensor, cache: KVCache, slots: torch.Tensor | Sequence[int],
+                taps: Sequence[int] = (), logits: Literal["all", "last", "none"] = "all",
+                last_index: torch.Tensor | None = None) -> ModelOutput:
+        """input_ids [B, T] long (right-padded rows), slots [B] long → ModelOutput.
+
+        Row b's tokens go to positions cache.lengths[slots[b]] + t; every slot advances by T (callers
+        roll padding back with cache.truncate). logits="last" returns [B, 1, V] at column T-1, or at
+        last_index [B] (per-row index of the last valid token) when given; "none" skips the lm_head.
+        """
+        if input_ids.dim() != 2:
+            raise InvalidArgumentError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}.")
+        slots = torch.as_tensor(slots, dtype=torch.long).reshape(-1)  # [B]
+        B, T = input_ids.shape
+        if slots.numel() != B:
+            raise InvalidArgumentError(f"forward: {B} rows but {slots.numel()} slots.")
+        L = self.config.num_layers
+        tapset = set(taps)
+        if any(t < 0 or t >= L for t in tapset):
+            raise InvalidArgumentError(f"taps {list(taps)} out of range 0..{L - 1}.")
+        step = _Step(self, cache, slots, T)
+        H, Hkv, D = self._H, self._Hkv, self._D
+        qk_size = (H + Hkv) * D
+        half = D // 2
+        eps = self.config.rms_norm_eps
+        inter = self.config.intermediate_size
+        cos, sin = step.cos, step.sin
+        tapped: dict[int, torch.Tensor] = {}
+
+        x = F.embedding(input_ids, self.transformer.vocab_embedding.weight)  # [B, T, d]
+        for i, layer in enumerate(self.transformer.layers):
+            h = rms_norm(x, layer.input_layernorm.weight, eps)
+            qkv = layer.attention.qkv(h)  # [B, T, (H + 2Hkv) D]
+            qk = qkv[..., :qk_size].view(B, T, H + Hkv, D)
+            v = qkv[..., qk_size:].view(B, T, Hkv, D)
+            rot = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)  # rotate_half
+            qk = qk * cos + rot * sin  # [B, T, H + Hkv, D]
+            keys, values = step.kv(i, qk[:, :, H:], v)  # [B, Hkv, span, D]
+            q = qk[:, :, :H].transpose(1, 2)  # [B, H, T, D]
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask, is_causal=step.causal,
+                                               scale=self._scale, enable_gqa=H != Hkv)  # [B, H, T, D]
+            x = x + layer.attention.dense(o.transpose(1, 2).reshape(B, T, H * D))
+            h = rms_norm(x, layer.post_layernorm.weight, eps)
+            gu = layer.mlp.fused_fc(h)  # [B, T, 2I]: gate (up) | fc (SiLU input)
+            x = x + layer.mlp.proj(gu[..., :inter] * F.silu(gu[..., inter:]))
+            if i in tapset:
+                tapped[i] = x
+        cache.advance(slots, T)
+
+        hidden = torch.cat([tapped[t] for t in taps], dim=-1) if taps else None  # [B, T, len(taps) d]
+        if logits == "none":
+            return ModelOutput(None, hidden)
+        if logits == "last":
+            if last_index is None:
+                x = x[:, -1:]
+            else:
+                idx = torch.as_tensor(last_index, dtype=torch.long).reshape(B, 1, 1).expand(B, 1, x.shape[-1])
+                x = x.gather(1, idx)  # [B, 1, d]
+        elif logits != "all":
+            raise InvalidArgumentError(f"logits must be 'all', 'last' or 'none', got {logits!r}.")
+        out = self.lm_head(self.final_norm(x)).float()  # [B, T | 1, V]
+        return ModelOutput(out, hidden)
+
+    # ----------------------------------------------------------------- TRT-LLM state dicts
+    def load_trtllm_state_dict(self, state: Mapping[str, torch.Tensor], strict: bool = True,
+                               source: str = "state dict") -> None:
+        """Load TRT-LLM-named tensors (mlp.fc + mlp.gate unfused, or mlp.fused_fc); copies into place.
+
+        Quantized modules from a custom factory receive their extra tensors (scales) by name; a module
+        may define `load_fused_parts(parts: list[dict[str, Tensor]])` to fuse [gate, fc] itself.
+        """
+        state = dict(state)
+        handled: set[str] = set()  # loaded by a module's own load_fused_parts
+        for i, layer in enumerate(self.transformer.layers):
+            p = f"transformer.layers.{i}.mlp."
+            if p + "fc.weight" in state or p + "gate.weight" in state:
+                parts = [{k[len(p) + len(n) + 1:]: state.pop(k) for k in list(state) if k.startswith(p + n + ".")}
+                         for n in ("gate", "fc")]
+                fused = _fuse(layer.mlp.fused_fc, parts, p + "fused_fc", source)
+                if fused is None:
+                    handled.update(p + "fused_fc." + k for k in layer.mlp.fused_fc.state_dict())
+                else:
+                    state.update({p + "fused_fc." + k: t for k, t in fused.items()})
+        own = self.state_dict()
+        if self.config.tie_word_embeddings and "lm_head.weight" not in state and "lm_head.weight" in own:
+            emb = state.get("transformer.vocab_embedding.weight")
+            if emb is not None:
+                state["lm_head.weight"] = emb
+        missing = [k for k in own if k not in state and k not in handled]
+        unexpected = [k for k in state if k not in own]
+        if strict and (missing or unexpected):
+            raise CheckpointError(f"The {source} does not match a {self.config.architecture} with this config: "
+                                  f"missing {missing[:6]}{'…' if len(missing) > 6 else ''}, unexpected "
+                                  f"{unexpected[:6]}{'…' if len(unexpected) > 6 else ''}; re-export the checkpoint "
+                                  f"with dspark-trt build (or a HF save_pretrained) and make config.json match it.")
+        with torch.no_grad():
+            for k, t in state.items():
+                if k not in own:
+                    continue
+                dst = own[k]
+                if dst.shape != t.shape:
+                    raise CheckpointError(f"Tensor {k} in the {source} has shape {tuple(t.shape)}, the config "
+                                          f"implies {tuple(dst.shape)}; fix config.json or re-export the checkpoint.")
+                dst.copy_(t.to(dst.dtype) if dst.dtype.is_floating_point and t.dtype != dst.dtype else t)
+
+    def trtllm_state_dict(self, fuse_mlp: bool = False) -> dict[str, torch.Tensor]:
+        """TRT-LLM-named tensors; by default the MLP is split back into mlp.gate (up) and mlp.fc (gate)."""
+        out = dict(self.state_dict())
+        if fuse_mlp:
+            return out
+        inter = self.config.intermediate_size
+        for k in [k for k in out if ".mlp.fused_fc." in k]:
+            t = out.pop(k)
+            name = k.split(".mlp.fused_fc.")[1]
+            base = k.split(".mlp.fused_fc.")[0] + ".mlp."
+            if t.dim() >= 1 and t.shape[0] == 2 * inter:
+                out[base + "gate." + name], out[base + "fc." + name] = t[:inter].clone(), t[inter:].clone()
+            else:  # per-tensor quantities (scales) apply to both halves
+                out[base + "gate." + name], out[base + "fc." + name] = t.clone(), t.clone()
+        return out
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in {id(p): p for p in self.parameters()}.values())
+
+
+def _fuse(module: nn.Module, parts: list[dict[str, torch.Tensor]], name: str,
+          source: str) -> dict[str, torch.Tensor] | None:
+    """Concatenate [gate, fc] tensors (rows) for `module` (fused_fc); None when the module loaded them itself."""
+    if hasattr(module, "load_fused_parts"):
+        module.load_fused_parts(parts)  # type: ignore[operator]
+        return None
+    gate, fc = parts
+    if set(gate) != set(fc):
+        raise CheckpointError(f"{name}: mlp.gate has {sorted(gate)} but mlp.fc has {sorted(fc)} in the {source}; "
+                              f"re-export the checkpoint.")
+    own = module.state_dict()
+    fused: dict[str, torch.Tensor] = {}
+    for key in gate:
+        if key not in own:
+            raise CheckpointError(f"Unexpected tensor {name}.{key} in the {source} for a {type(module).__name__} "
+                                  f"module; the checkpoint's quantization does not match the model's linear layers.")
+        a, b = gate[key], fc[key]
+        if a.dim() >= 1 and a.shape[0] * 2 == own[key].shape[0]:
+            fused[key] = torch.cat((a, b), dim=0)
+        elif torch.equal(a, b):
+            fused[key] = a
+        else:
+            raise CheckpointError(f"Cannot fuse {name}.{key}: per-tensor values differ between mlp.gate and mlp.fc "
+                                  f"in the {source}; use a linear module that defines load_fused_parts.")
+    return fused
+
+
+def iter_linears(model: CausalLM) -> Iterable[tuple[str, nn.Module]]:
+    """(name, module) of every projection built by the linear factory."""
+    for i, layer in enumerate(model.transformer.layers):
+        p = f"transformer.layers.{i}."
+        yield p + "attention.qkv", layer.attention.qkv
+        yield p + "attention.dense", layer.attention.dense
+        yield p + "mlp.fused_fc", layer.mlp.fused_fc
+        yield p + "mlp.proj", layer.mlp.proj
+    yield "lm_head", model.lm_head
