@@ -179,6 +179,10 @@ class TritonServer:
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
 
+    def exit_code(self) -> int | None:
+        """The server's exit code if it has exited on its own, else None."""
+        return None if self._proc is None else self._proc.poll()
+
     def command(self, backend_dir: Path) -> list[str]:
         inst = find_triton(self.prefer_system)
         return [str(inst.binary), f"--model-repository={Path(self.repo).resolve()}",

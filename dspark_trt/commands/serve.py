@@ -1,0 +1,67 @@
+"""`dspark-trt serve`: start tritonserver (the system one when present, else the nvidia-pytriton bundle) on a
+built model repository, wait until it is ready, keep it running until SIGINT/SIGTERM, then stop it cleanly
+(no stub processes, no /dev/shm regions left). Lifecycle lives in dspark_trt.serve.server.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+
+from dspark_trt.errors import ServeError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_REPO = Path("build/default/model_repo")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--repo", type=Path, default=DEFAULT_REPO,
+                        help="model repository written by `dspark-trt build` (default: %(default)s)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    parser.add_argument("--http-port", type=int, default=8000, help="HTTP port, 0 = any free (default: %(default)s)")
+    parser.add_argument("--grpc-port", type=int, default=8001, help="gRPC port, 0 = any free (default: %(default)s)")
+    parser.add_argument("--metrics-port", type=int, default=8002,
+                        help="Prometheus metrics port, 0 = any free (default: %(default)s)")
+    parser.add_argument("--log-file", type=Path, default=None, help="tritonserver log (default: a temp file)")
+    parser.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose level")
+    parser.add_argument("--bundled", action="store_true",
+                        help="use the nvidia-pytriton bundled tritonserver even if one is on PATH")
+    parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for readiness")
+
+
+def run(args: argparse.Namespace) -> int:
+    from dspark_trt.serve.server import TritonServer  # noqa: PLC0415
+
+    repo = Path(args.repo)
+    if not (repo / "ensemble" / "config.pbtxt").exists():
+        raise ServeError(f"{repo} is not a built model repository (no ensemble/config.pbtxt); run "
+                         "`dspark-trt build --output build/NAME` and pass --repo build/NAME/model_repo")
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("received %s; stopping tritonserver", signal.Signals(signum).name)
+        stop.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    server = TritonServer(repo, http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
+                          host=args.host, log_path=args.log_file, log_verbose=args.log_verbose,
+                          ready_timeout=args.ready_timeout, prefer_system=not args.bundled)
+    try:
+        server.start()
+        log.info("serving %s — HTTP %s (POST /v2/models/ensemble/generate[_stream]), gRPC %s, metrics %s; "
+                 "Ctrl-C to stop", repo, server.http_url, server.grpc_url, server.metrics_url)
+        print(f"READY http={server.http_url} grpc={server.grpc_url} metrics={server.metrics_url}", flush=True)
+        while not stop.wait(1.0):
+            code = server.exit_code()
+            if code is not None:
+                raise ServeError(f"tritonserver exited unexpectedly (code {code}); log tail:\n{server.log_tail()}")
+    finally:
+        server.stop()
+        for s, h in old.items():
+            signal.signal(s, h)
+    log.info("tritonserver stopped")
+    return 0

@@ -1,0 +1,206 @@
+"""Client side of the served pipeline: `generate_remote` over HTTP (generate / generate_stream endpoints) or
+gRPC (decoupled streaming), returning the JSON shape of `dspark-trt generate --json`:
+{"text": str, "token_ids": [int], "stats": {...}}.
+
+Owns the request encoding (tensorrtllm_backend tensor names + ours) and the response decoding. Errors: the
+server's error message comes back as RequestError (bad input) or ServeError (unreachable / failed server).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from dspark_trt.errors import RequestError, ServeError
+
+log = logging.getLogger(__name__)
+
+MODEL = "ensemble"
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One call's inputs (None = the server's default)."""
+
+    prompt: str
+    max_tokens: int = 64
+    stream: bool = False
+    temperature: float | None = None
+    top_p: float | None = None
+    random_seed: int | None = None
+    stop_words: tuple[str, ...] = ()
+    end_id: int | None = None
+    policy: str | None = None
+    min_k: int | None = None
+    max_k: int | None = None
+    apply_chat_template: bool | None = None
+    return_stats: bool = True
+
+    def fields(self) -> dict[str, Any]:
+        """Input name → value, optional ones only when set (names as in the ensemble's config.pbtxt)."""
+        out: dict[str, Any] = {"text_input": self.prompt, "max_tokens": int(self.max_tokens),
+                               "stream": bool(self.stream), "return_stats": bool(self.return_stats)}
+        for name in ("temperature", "top_p", "random_seed", "end_id", "policy", "min_k", "max_k",
+                     "apply_chat_template"):
+            v = getattr(self, name)
+            if v is not None:
+                out[name] = v
+        if self.stop_words:
+            out["stop_words"] = list(self.stop_words)
+        return out
+
+
+_DTYPES = {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32", "top_p": "FP32",
+           "random_seed": "UINT64", "stop_words": "BYTES", "end_id": "INT32", "policy": "BYTES", "min_k": "INT32",
+           "max_k": "INT32", "return_stats": "BOOL", "apply_chat_template": "BOOL"}
+_NP = {"BYTES": np.object_, "INT32": np.int32, "BOOL": np.bool_, "FP32": np.float32, "UINT64": np.uint64}
+
+
+def _array(name: str, value: Any) -> np.ndarray:
+    dt = _DTYPES[name]
+    if dt == "BYTES":
+        vals = value if isinstance(value, list) else [value]
+        return np.array([[v.encode("utf-8") if isinstance(v, str) else v for v in vals]], dtype=np.object_)  # [1, n]
+    return np.array([[value]], dtype=_NP[dt])  # [1, 1]
+
+
+class _Result:
+    """Accumulates streamed (or single) responses."""
+
+    def __init__(self, on_text: Callable[[str], None] | None) -> None:
+        self.text: list[str] = []
+        self.ids: list[int] = []
+        self.stats: dict[str, Any] = {}
+        self.on_text = on_text
+
+    def add(self, text: str, ids: list[int], stats: str | None) -> None:
+        if text:
+            self.text.append(text)
+            if self.on_text is not None:
+                self.on_text(text)
+        self.ids.extend(int(t) for t in ids)
+        if stats:
+            self.stats = json.loads(stats)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"text": "".join(self.text), "token_ids": self.ids, "stats": self.stats}
+
+
+def _raise(message: str, status: int | None = None) -> None:
+    if status is not None and status >= 500 and "internal error" in message:
+        raise ServeError(f"server error: {message}")
+    raise RequestError(message)
+
+
+def _sse_events(resp: Any) -> Iterator[dict[str, Any]]:
+    for line in resp.iter_lines(decode_unicode=True):
+        if line and line.startswith("data:"):
+            yield json.loads(line[5:].strip())
+
+
+def _first(v: Any) -> Any:
+    while isinstance(v, list) and len(v) == 1 and not isinstance(v[0], int):
+        v = v[0]
+    return v
+
+
+def _http(url: str, req: GenerationRequest, model: str, timeout: float, on_text: Callable[[str], None] | None,
+          ) -> dict[str, Any]:
+    import requests  # noqa: PLC0415
+
+    base = url if url.startswith("http") else f"http://{url}"
+    endpoint = f"{base}/v2/models/{model}/{'generate_stream' if req.stream else 'generate'}"
+    res = _Result(on_text)
+    try:
+        with requests.post(endpoint, json=req.fields(), stream=req.stream, timeout=timeout) as r:
+            if not req.stream:
+                body = r.json()
+                if "error" in body:
+                    _raise(body["error"], r.status_code)
+                ids = body.get("output_ids", [])
+                res.add(_text(body.get("text_output", "")), ids if isinstance(ids, list) else [ids],
+                        body.get("stats"))
+                return res.as_dict()
+            for ev in _sse_events(r):
+                if "error" in ev:
+                    _raise(ev["error"], r.status_code)
+                ids = ev.get("output_ids", [])
+                res.add(_text(ev.get("text_output", "")), ids if isinstance(ids, list) else [ids], ev.get("stats"))
+    except requests.ConnectionError as exc:
+        raise ServeError(f"cannot reach Triton at {base} ({exc}); start it with `dspark-trt serve`") from exc
+    return res.as_dict()
+
+
+def _text(v: Any) -> str:
+    v = _first(v)
+    if isinstance(v, list):
+        return "".join(str(x) for x in v)
+    return "" if v is None else str(v)
+
+
+def _grpc(url: str, req: GenerationRequest, model: str, timeout: float, on_text: Callable[[str], None] | None,
+          ) -> dict[str, Any]:
+    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+    from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+
+    client = grpcclient.InferenceServerClient(url)
+    inputs = []
+    for name, value in req.fields().items():
+        arr = _array(name, value)
+        t = grpcclient.InferInput(name, list(arr.shape), _DTYPES[name])
+        t.set_data_from_numpy(arr)
+        inputs.append(t)
+    outputs = [grpcclient.InferRequestedOutput(n) for n in ("text_output", "output_ids", "stats")]
+    q: queue.Queue = queue.Queue()
+    res = _Result(on_text)
+    try:
+        client.start_stream(callback=lambda result, error: q.put((result, error)))
+        client.async_stream_infer(model, inputs, outputs=outputs, request_id=uuid.uuid4().hex,
+                                  enable_empty_final_response=True)
+        while True:
+            try:
+                result, error = q.get(timeout=timeout)
+            except queue.Empty as exc:
+                raise ServeError(f"no response from {url} within {timeout:.0f} s") from exc
+            if error is not None:
+                _raise(error.message() if hasattr(error, "message") else str(error))
+            final = result.get_response().parameters.get("triton_final_response")
+            text = result.as_numpy("text_output")
+            ids = result.as_numpy("output_ids")
+            stats = result.as_numpy("stats")
+            res.add("".join(x.decode("utf-8") for x in text.reshape(-1)) if text is not None else "",
+                    [] if ids is None else [int(t) for t in ids.reshape(-1)],
+                    stats.reshape(-1)[0].decode("utf-8") if stats is not None and stats.size else None)
+            if final is not None and final.bool_param:
+                break
+    except InferenceServerException as exc:
+        raise ServeError(f"gRPC call to {url} failed: {exc.message()}; is `dspark-trt serve` running?") from exc
+    finally:
+        client.stop_stream()
+        client.close()
+    return res.as_dict()
+
+
+def generate_remote(url: str, prompt: str, max_tokens: int = 64, protocol: str = "http", stream: bool = False,
+                    policy: str | None = None, min_k: int | None = None, max_k: int | None = None,
+                    temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
+                    stop_words: tuple[str, ...] | list[str] = (), end_id: int | None = None,
+                    apply_chat_template: bool | None = None, model: str = MODEL, timeout: float = 600.0,
+                    on_text: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Generate through a running server's ensemble → {"text", "token_ids", "stats"}.
+
+    url is HOST:PORT (the HTTP port for protocol "http", the gRPC port for "grpc"); on_text receives each
+    streamed piece of text as it arrives.
+    """
+    if protocol not in ("http", "grpc"):
+        raise RequestError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
+    req = GenerationRequest(prompt=prompt, max_tokens=max_tokens, stream=stream, temperature=temperature,
+                            top_p=top_p, random_seed=seed, stop_words=tuple(stop_words), end_id=end_id,
+                            policy=policy, min_k=min_k, max_k=max_k, apply_chat_template=apply_chat_template)
+    fn = _http if protocol == "http" else _grpc
+    return fn(url, req, model, timeout, on_text)
