@@ -1,0 +1,340 @@
+"""The speculative loop: requests in, committed tokens out, one round at a time, over a spec.protocols.Backend.
+
+Owns request admission (batched prefill), the round (draft → pick K per request → verify → accept → commit),
+stop conditions (eos, max_new_tokens, stop sequences: nothing is emitted past them), cancellation, the drafter
+fallback (an exception in backend.draft makes that round plain decoding, logged and counted) and per-request
+statistics. Lossless: every committed token is the target's own greedy choice (or an exact rejection sample).
+Knows nothing of model code, KV-cache layout, Triton or tritonclient: only the Backend protocol.
+
+Positions: a request with n committed tokens (prompt + generated) has its anchor at position n − 1; d_1 sits at
+position n, which is the `positions` RNG key of spec.accept.sample_accept and the first-token sample.
+"""
+from __future__ import annotations
+
+import inspect
+import itertools
+import logging
+import random
+from dataclasses import dataclass, field, replace
+from typing import Sequence
+
+import torch
+
+from dspark_trt.errors import InvalidArgumentError
+from dspark_trt.spec import accept as spec_accept
+from dspark_trt.spec.accept import AcceptResult
+from dspark_trt.spec.protocols import Backend, DraftBlock, SamplingParams
+from dspark_trt.spec.scheduler import CostTable, PolicyConfig, PolicyState, observe, schedule_batch
+from dspark_trt.spec.stats import RoundRecord, SpecStats
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LoopConfig", "Request", "RoundEvent", "RoundScheduler", "GenerateResult", "generate"]
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """Batch-level settings of the loop."""
+
+    gamma: int = 7  # draft block size γ (the most any request verifies per round)
+    cost_table: CostTable = field(default_factory=CostTable.linear)  # survival policy: SPS by batch tokens
+
+    def __post_init__(self) -> None:
+        if self.gamma < 0:
+            raise InvalidArgumentError(f"gamma (draft block size) must be ≥ 0, got {self.gamma}")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One generation request."""
+
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int = 128
+    sampling: SamplingParams = SamplingParams()
+    policy: PolicyConfig = PolicyConfig()
+    eos_ids: tuple[int, ...] = ()
+    stop_sequences: tuple[tuple[int, ...], ...] = ()  # token-id sequences; output ends with the first one hit
+
+    def __post_init__(self) -> None:
+        if len(self.prompt_ids) == 0:
+            raise InvalidArgumentError("prompt_ids must contain at least one token; pass a non-empty prompt")
+        if self.max_new_tokens < 1:
+            raise InvalidArgumentError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
+        if self.sampling.temperature < 0:
+            raise InvalidArgumentError(f"temperature must be ≥ 0 (0 = greedy), got {self.sampling.temperature}")
+        if not 0.0 < self.sampling.top_p <= 1.0:
+            raise InvalidArgumentError(f"top_p must be in (0, 1], got {self.sampling.top_p}")
+        if any(len(s) == 0 for s in self.stop_sequences):
+            raise InvalidArgumentError("stop sequences must be non-empty token-id sequences")
+
+
+@dataclass
+class RoundEvent:
+    """What one step() did for one request."""
+
+    request_id: int
+    new_tokens: list[int]  # committed this step (may be empty)
+    finished: bool
+    finish_reason: str | None  # "eos" | "length" | "stop" | "cancelled" | None
+    stats: SpecStats  # the request's running stats (live object)
+
+
+@dataclass
+class _Active:
+    rid: int
+    req: Request
+    slot: int
+    state: PolicyState
+    tokens: list[int] = field(default_factory=list)  # generated so far
+    stats: SpecStats = field(default_factory=SpecStats)
+
+    @property
+    def n_committed(self) -> int:
+        return len(self.req.prompt_ids) + len(self.tokens)
+
+
+def _stop_reason(req: Request, tokens: list[int]) -> str | None:
+    if tokens and tokens[-1] in req.eos_ids:
+        return "eos"
+    for s in req.stop_sequences:
+        if len(tokens) >= len(s) and tuple(tokens[-len(s):]) == s:
+            return "stop"
+    if len(tokens) >= req.max_new_tokens:
+        return "length"
+    return None
+
+
+class RoundScheduler:
+    """Continuous batching of speculative rounds over one Backend."""
+
+    def __init__(self, backend: Backend, config: LoopConfig = LoopConfig()) -> None:
+        self.backend = backend
+        self.config = config
+        self._ids = itertools.count()
+        self._waiting: list[tuple[int, Request]] = []
+        self._active: dict[int, _Active] = {}
+        self._free = list(range(backend.max_batch))
+        self.totals = SpecStats()  # finished + cancelled requests
+        self.batched_rounds = 0
+        try:
+            self._accept_positions = "positions" in inspect.signature(backend.accept).parameters
+        except (TypeError, ValueError):
+            self._accept_positions = False
+
+    # ---- requests -------------------------------------------------------------------------------------
+    def add(self, request: Request) -> int:
+        """Queue a request (admitted at the next step()); returns its id."""
+        if len(request.prompt_ids) + request.max_new_tokens + self.config.gamma + 1 > self.backend.max_seq:
+            raise InvalidArgumentError(
+                f"prompt ({len(request.prompt_ids)}) + max_new_tokens ({request.max_new_tokens}) + γ+1 exceeds "
+                f"max_seq {self.backend.max_seq}; shorten the prompt or lower max_new_tokens")
+        bad = [t for t in request.prompt_ids if not 0 <= t < self.backend.vocab_size]
+        if bad:
+            raise InvalidArgumentError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, "
+                                       f"{self.backend.vocab_size})")
+        if not request.sampling.greedy and request.sampling.seed is None:
+            request = replace(request, sampling=replace(request.sampling, seed=random.getrandbits(31)))
+        rid = next(self._ids)
+        self._waiting.append((rid, request))
+        return rid
+
+    def cancel(self, request_id: int) -> bool:
+        """Drop a waiting or active request and free its slot; False if unknown/finished."""
+        for i, (rid, _) in enumerate(self._waiting):
+            if rid == request_id:
+                del self._waiting[i]
+                return True
+        act = self._active.pop(request_id, None)
+        if act is None:
+            return False
+        self._release(act)
+        return True
+
+    @property
+    def active(self) -> int:
+        return len(self._active)
+
+    @property
+    def pending(self) -> int:
+        return len(self._waiting) + len(self._active)
+
+    def _release(self, act: _Active) -> None:
+        self.backend.release(act.slot)
+        self._free.append(act.slot)
+        self.totals = self.totals.merge([act.stats])
+
+    # ---- one round ------------------------------------------------------------------------------------
+    def step(self) -> list[RoundEvent]:
+        """Admit waiting requests (batched prefill), then run ONE speculative round for every active request."""
+        events: dict[int, RoundEvent] = {}
+        self._admit(events)
+        if self._active:
+            self._round(events)
+        return list(events.values())
+
+    def _emit(self, events: dict[int, RoundEvent], act: _Active, toks: list[int]) -> bool:
+        """Append committed tokens up to the first stop condition; record the event. True if finished."""
+        taken: list[int] = []
+        reason = None
+        for t in toks:
+            act.tokens.append(t)
+            taken.append(t)
+            reason = _stop_reason(act.req, act.tokens)
+            if reason:
+                break
+        ev = events.get(act.rid)
+        if ev is None:
+            events[act.rid] = RoundEvent(act.rid, taken, reason is not None, reason, act.stats)
+        else:
+            ev.new_tokens.extend(taken)
+            ev.finished, ev.finish_reason = reason is not None, reason
+        return reason is not None
+
+    def _first_tokens(self, logits: torch.Tensor, acts: list[_Active]) -> list[int]:
+        """logits [B, V] at each prompt end → first generated token (argmax, or a sample keyed on position)."""
+        out = logits.float().argmax(dim=-1)  # [B]
+        sampled = [i for i, a in enumerate(acts) if not a.req.sampling.greedy]
+        if sampled:
+            idx = torch.tensor(sampled)
+            sp = [acts[i].req.sampling for i in sampled]
+            p = spec_accept.target_probs(logits[idx].float(), torch.tensor([s.temperature for s in sp]),
+                                         torch.tensor([s.top_p for s in sp]))  # [b, V]
+            seeds = torch.tensor([int(s.seed or 0) for s in sp], dtype=torch.int64)
+            pos = torch.tensor([acts[i].n_committed for i in sampled], dtype=torch.int64)
+            out[idx] = spec_accept.exponential_race(p, seeds, pos)
+        return [int(t) for t in out.tolist()]
+
+    def _admit(self, events: dict[int, RoundEvent]) -> None:
+        n = min(len(self._free), len(self._waiting))
+        if n == 0:
+            return
+        batch, self._waiting = self._waiting[:n], self._waiting[n:]
+        acts = [_Active(rid, req, self._free.pop(0), PolicyState.initial(req.policy)) for rid, req in batch]
+        logits = self.backend.prefill([a.slot for a in acts], [list(a.req.prompt_ids) for a in acts])  # [B, V]
+        for act, tok in zip(acts, self._first_tokens(logits, acts)):
+            self._active[act.rid] = act
+            act.stats.prefill_calls += 1
+            act.stats.committed_tokens += 1
+            if self._emit(events, act, [tok]):
+                del self._active[act.rid]
+                self._release(act)
+
+    def _caps(self, acts: list[_Active]) -> list[int]:
+        """The most each request may verify: γ, its policy's ceiling, tokens left − 1, cache room."""
+        caps = []
+        for a in acts:
+            left = a.req.max_new_tokens - len(a.tokens) - 1
+            room = self.backend.max_seq - a.n_committed - 1
+            pol = a.req.policy
+            ceiling = {"plain": 0, "fixed": pol.k, "seed": a.state.k, "survival": pol.max_k}[pol.policy]
+            caps.append(max(0, min(self.config.gamma, ceiling, left, room)))
+        return caps
+
+    def _draft(self, acts: list[_Active], caps: list[int]) -> tuple[DraftBlock | None, list[int], bool]:
+        """Draft for rows with cap > 0 → (block over ALL rows or None, drafted row indices, failed?)."""
+        rows = [i for i, c in enumerate(caps) if c > 0]
+        if not rows:
+            return None, [], False
+        gamma = max(caps[i] for i in rows)
+        anchors = torch.tensor([acts[i].tokens[-1] for i in rows], dtype=torch.long)
+        try:
+            block = self.backend.draft([acts[i].slot for i in rows], anchors, gamma, [acts[i].req.sampling for i in rows])
+        except Exception as exc:  # noqa: BLE001 - any drafter failure → plain decoding this round
+            log.warning("drafter failed (%s: %s); this round runs as plain decoding", type(exc).__name__, exc)
+            return None, rows, True
+        if block.tokens.shape != (len(rows), gamma):
+            log.warning("drafter returned tokens %s, expected %s; plain decoding this round",
+                        tuple(block.tokens.shape), (len(rows), gamma))
+            return None, rows, True
+        if block.q is None and any(not acts[i].req.sampling.greedy for i in rows):
+            log.warning("drafter returned no draft distributions q for sampling requests; plain decoding this round")
+            return None, rows, True
+        return block, rows, False
+
+    def _accept(self, logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, q: torch.Tensor | None,
+                acts: list[_Active]) -> AcceptResult:
+        sampling = [a.req.sampling for a in acts]
+        positions = torch.tensor([a.n_committed for a in acts], dtype=torch.long)  # [B] position of d_1
+        if all(s.greedy for s in sampling):
+            return self.backend.accept(logits, draft, k, None, sampling)
+        if q is None:  # only reached with K = 0 everywhere (see _round): bonus sampling from p
+            q = torch.zeros(logits.shape[0], logits.shape[1] - 1, logits.shape[2])  # [B, K, V]
+        if self._accept_positions:
+            return self.backend.accept(logits, draft, k, q, sampling, positions=positions)  # type: ignore[call-arg]
+        return spec_accept.sample_accept(
+            logits, draft, q, k, torch.tensor([s.temperature for s in sampling]),
+            torch.tensor([s.top_p for s in sampling]), torch.tensor([int(s.seed or 0) for s in sampling]), positions)
+
+    def _round(self, events: dict[int, RoundEvent]) -> None:
+        acts = list(self._active.values())
+        b = len(acts)
+        caps = self._caps(acts)
+        block, rows, failed = self._draft(acts, caps)
+        gamma = max((caps[i] for i in rows), default=0)
+        conf_all = None
+        if block is not None and block.conf is not None:
+            conf_all = torch.ones(b, max(gamma, 1))  # [B, γ]; undrafted rows have cap 0 anyway
+            conf_all[rows, :gamma] = block.conf.float()
+        if failed or block is None:
+            caps = [0] * b
+        ks = schedule_batch([a.req.policy for a in acts], [a.state for a in acts], caps, conf_all,
+                            self.config.cost_table)
+        kmax = max(ks)
+        draft = torch.zeros(b, kmax, dtype=torch.long)  # [B, K]
+        q = None
+        if kmax > 0 and block is not None:
+            draft[rows] = block.tokens[:, :kmax].long()
+            if block.q is not None:
+                q = torch.zeros(b, kmax, block.q.shape[-1])  # [B, K, V]
+                q[rows] = block.q[:, :kmax].float()
+        k = torch.tensor(ks, dtype=torch.long)  # [B]
+        anchors = torch.tensor([a.tokens[-1] for a in acts], dtype=torch.long).unsqueeze(1)
+        tokens = torch.cat([anchors, draft], dim=1)  # [B, K+1]
+        slots = [a.slot for a in acts]
+        logits = self.backend.verify(slots, tokens, k)  # [B, K+1, V]
+        res = self._accept(logits, draft, k, q, acts)
+        self.backend.commit(slots, res.accepted + 1)
+        self.batched_rounds += 1
+        for i, act in enumerate(acts):
+            n_acc = int(res.accepted[i])
+            conf = observe(act.req.policy, act.state, ks[i], n_acc, res.top1[i], res.margin[i])
+            toks = [int(t) for t in draft[i, :n_acc].tolist()] + [int(res.next_token[i])]
+            before = len(act.tokens)
+            done = self._emit(events, act, toks)
+            rec = RoundRecord(ks[i], n_acc, conf, len(act.tokens) - before, fallback=failed and i in rows)
+            act.stats.record_round(rec, drafted=block is not None and i in rows,
+                                   proposed=gamma if block is not None and i in rows else 0)
+            log.debug("req %d: k=%d accepted=%d conf=%.3f next_k=%d", act.rid, ks[i], n_acc, conf, act.state.k)
+            if done:
+                del self._active[act.rid]
+                self._release(act)
+
+
+@dataclass
+class GenerateResult:
+    tokens: list[int]  # generated token ids (prompt excluded)
+    finish_reason: str
+    stats: SpecStats
+
+
+def generate(
+    backend: Backend,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int = 128,
+    sampling: SamplingParams = SamplingParams(),
+    policy: PolicyConfig = PolicyConfig(),
+    eos_ids: Sequence[int] = (),
+    stop_sequences: Sequence[Sequence[int]] = (),
+    config: LoopConfig = LoopConfig(),
+) -> GenerateResult:
+    """Run one request to completion."""
+    sched = RoundScheduler(backend, config)
+    rid = sched.add(Request(tuple(int(t) for t in prompt_ids), max_new_tokens, sampling, policy,
+                            tuple(int(e) for e in eos_ids), tuple(tuple(int(t) for t in s) for s in stop_sequences)))
+    tokens: list[int] = []
+    while True:
+        for ev in sched.step():
+            if ev.request_id == rid:
+                tokens.extend(ev.new_tokens)
+                if ev.finished:
+                    return GenerateResult(tokens, ev.finish_reason or "length", ev.stats)

@@ -1,0 +1,218 @@
+"""K policies: how many draft tokens each request verifies in the next round (0 ≤ K ≤ γ).
+
+Owns the policy configs (frozen dataclasses), per-request policy state, the seed-000 heuristic, the
+batch-aware survival/cost policy (DSpark paper Algorithm 1) with its cost table, and `schedule_batch`,
+which combines them with the draft-side early stop for one round. Every policy is lossless: it only chooses
+how much to verify. Pure Python/torch; knows nothing of models, caches or serving.
+
+Policies:
+- plain: K = 0 (plain decoding; the drafter is not run).
+- fixed: K = k.
+- seed: conf = 0.4·avg_top1 + 0.3·min(5·avg(top1 − top2), 1) + 0.3·EMA(acceptance, 0.2 on the new round);
+  K_next = clamp(int(min_k + (max_k − min_k)·(conf − low)/(high − low)), min_k, max_k); K rises only if the
+  last round accepted ≥ 1; a first-token rejection (k ≥ 1, accepted 0) drops K to min_k at once.
+- survival: per-request K maximising Σ_r(1 + Σ_{j≤K_r} a_rj)·SPS(Σ_r(1 + K_r)) over the whole batch, by greedy
+  admission of (request, position) pairs in descending a, stopping at the first drop; floor K = 0.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from dspark_trt.errors import InvalidArgumentError
+from dspark_trt.spec.confidence import (SeedWeights, early_stop_k, ema_update, fallback_survival, round_signals,
+                                        seed_confidence, survival)
+
+__all__ = ["POLICIES", "PolicyConfig", "PolicyState", "CostTable", "plan_survival", "schedule_batch",
+           "seed_next_k"]
+
+POLICIES = ("plain", "fixed", "seed", "survival")
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """One request's K policy and its parameters (unused fields are ignored by other policies)."""
+
+    policy: str = "seed"
+    k: int = 4  # fixed
+    min_k: int = 2  # seed
+    max_k: int = 8  # seed, survival
+    low: float = 0.3  # seed: conf at/below → min_k
+    high: float = 0.7  # seed: conf at/above → max_k
+    weights: SeedWeights = field(default_factory=SeedWeights)
+    draft_stop: float = 0.0  # draft-side early stop: cut where Π c_i < draft_stop (0 = off; needs drafter conf)
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise InvalidArgumentError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.k < 0:
+            raise InvalidArgumentError(f"k must be ≥ 0 (0 = plain decoding), got {self.k}")
+        if self.policy == "seed" and self.min_k < 1:
+            raise InvalidArgumentError(
+                f"min_k must be ≥ 1 for the seed policy (a K=0 round carries no acceptance signal, so K could "
+                f"never rise again), got {self.min_k}; use --policy plain for K=0")
+        if self.min_k < 0 or self.max_k < self.min_k:
+            raise InvalidArgumentError(f"need 0 ≤ min_k ≤ max_k, got min_k={self.min_k}, max_k={self.max_k}")
+        if not 0.0 <= self.low < self.high <= 1.0:
+            raise InvalidArgumentError(f"need 0 ≤ low < high ≤ 1, got low={self.low}, high={self.high}")
+        if not 0.0 <= self.draft_stop < 1.0:
+            raise InvalidArgumentError(f"draft_stop (confidence threshold) must be in [0, 1), got {self.draft_stop}")
+
+
+@dataclass
+class PolicyState:
+    """Per-request scheduler state, updated after every verified round."""
+
+    k: int  # K the policy wants next round (seed; fixed; 0 plain; survival: cap)
+    ema: float = 0.5  # EMA of the acceptance rate
+    last_accepted: int = -1  # -1 before the first round
+    last_k: int = -1
+    conf: float = float("nan")  # last seed-formula confidence
+
+    @classmethod
+    def initial(cls, cfg: PolicyConfig) -> "PolicyState":
+        k = {"plain": 0, "fixed": cfg.k, "seed": cfg.min_k, "survival": cfg.max_k}[cfg.policy]
+        return cls(k=k, ema=cfg.weights.ema_init)
+
+
+def seed_next_k(cfg: PolicyConfig, conf: float, current_k: int, k: int, accepted: int) -> int:
+    """The seed rule: linear map of conf between low/high onto [min_k, max_k], clamped; raise only after a round
+    that accepted ≥ 1; drop to min_k right after a first-token rejection (k ≥ 1 and accepted == 0)."""
+    lin = int(cfg.min_k + (cfg.max_k - cfg.min_k) * (conf - cfg.low) / (cfg.high - cfg.low))
+    nxt = max(cfg.min_k, min(cfg.max_k, lin))
+    if k >= 1 and accepted == 0:
+        return cfg.min_k
+    if nxt > current_k and accepted < 1:
+        return max(cfg.min_k, min(cfg.max_k, current_k))
+    return nxt
+
+
+def observe(cfg: PolicyConfig, state: PolicyState, k: int, accepted: int,
+            top1: torch.Tensor, margin: torch.Tensor) -> float:
+    """Update `state` after a verified round (top1/margin [K+1] of this row) → the seed-formula confidence.
+    The acceptance EMA only moves on rounds that verified something (k ≥ 1). Computed for every policy (it is
+    logged); only the seed policy uses it to set K."""
+    avg_top1, avg_margin = round_signals(top1, margin, k)
+    if k >= 1:
+        state.ema = ema_update(state.ema, accepted / k, cfg.weights.ema_weight)
+    conf = seed_confidence(avg_top1, avg_margin, state.ema, cfg.weights)
+    if cfg.policy == "seed":
+        state.k = seed_next_k(cfg, conf, state.k, k, accepted)
+    state.last_k, state.last_accepted, state.conf = k, accepted, conf
+    return conf
+
+
+@dataclass(frozen=True)
+class CostTable:
+    """Target step time by batch token count (Σ_r(1 + K_r)); SPS(n) = 1 / seconds(n).
+
+    Piecewise linear between the profiled points, linear extrapolation past the last one (constant before
+    the first). Load a profiled table from JSON: {"tokens": [1, 2, 4, ...], "seconds": [...]} or a linear model
+    {"t0": s, "t1": s_per_token}."""
+
+    tokens: tuple[int, ...]
+    seconds: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.seconds) or not self.tokens:
+            raise InvalidArgumentError("cost table needs equally long, non-empty 'tokens' and 'seconds' lists")
+        if any(b <= a for a, b in zip(self.tokens, self.tokens[1:])):
+            raise InvalidArgumentError(f"cost table 'tokens' must be strictly increasing, got {self.tokens}")
+        if any(s <= 0 or not math.isfinite(s) for s in self.seconds):
+            raise InvalidArgumentError("cost table 'seconds' must be positive and finite")
+
+    @classmethod
+    def linear(cls, t0: float = 1.0, t1: float = 0.08, max_tokens: int = 1024) -> "CostTable":
+        """Default model: one target step over n tokens costs t0 + t1·n (relative units; only ratios matter).
+        t1/t0 = 0.08 is memory-bound decoding: verifying 8 extra tokens costs ~1.6× a plain step."""
+        return cls((1, max_tokens), (t0 + t1, t0 + t1 * max_tokens))
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "CostTable":
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise InvalidArgumentError(f"cannot read cost table {path}: {exc}; pass a JSON file with "
+                                       f'{{"tokens": [...], "seconds": [...]}} or {{"t0": .., "t1": ..}}') from exc
+        if "t0" in data:
+            return cls.linear(float(data["t0"]), float(data["t1"]), int(data.get("max_tokens", 1024)))
+        return cls(tuple(int(t) for t in data["tokens"]), tuple(float(s) for s in data["seconds"]))
+
+    def step_seconds(self, n: int) -> float:
+        ts, ss = self.tokens, self.seconds
+        if n <= ts[0] or len(ts) == 1:
+            return ss[0] if n <= ts[0] else ss[0] * n / ts[0]
+        for i in range(1, len(ts)):
+            if n <= ts[i]:
+                break
+        lo, hi = i - 1, i  # interpolate (or extrapolate past the end with the last segment)
+        return ss[lo] + (ss[hi] - ss[lo]) * (n - ts[lo]) / (ts[hi] - ts[lo])
+
+    def sps(self, n: int) -> float:
+        return 1.0 / self.step_seconds(n)
+
+
+def plan_survival(a_rows: Sequence[torch.Tensor], fixed_tokens: int, table: CostTable,
+                  min_gain: float = 0.0) -> list[int]:
+    """Batch-aware K for the survival rows (DSpark Alg. 1).
+
+    a_rows[r] [cap_r]: survival a_{r,1..cap_r} (non-increasing; cap_r = the most row r may verify).
+    fixed_tokens: tokens of the other rows in the same verify batch (Σ(1 + K) of non-survival rows).
+    Start at K_r = 0 (every row still verifies its anchor), then admit (r, j) pairs in descending a (ties: lower j,
+    then lower r) while Θ = (expected committed tokens)·SPS(batch tokens) does not drop by more than min_gain
+    (relative); stop at the first drop."""
+    n_rows = len(a_rows)
+    ks = [0] * n_rows
+    tokens = fixed_tokens + n_rows
+    tau = float(n_rows)
+    theta = tau * table.sps(max(tokens, 1))
+    cand = [(-float(a[j]), j, r) for r, a in enumerate(a_rows) for j in range(len(a))]
+    cand.sort()
+    for neg_a, j, r in cand:
+        if j != ks[r]:  # keep each row's K a prefix (a is non-increasing, so this only skips ties/noise)
+            continue
+        new_theta = (tau - neg_a) * table.sps(tokens + 1)
+        if new_theta < theta * (1.0 + min_gain):
+            break
+        ks[r] += 1
+        tokens += 1
+        tau -= neg_a
+        theta = new_theta
+    return ks
+
+
+def schedule_batch(
+    cfgs: Sequence[PolicyConfig],
+    states: Sequence[PolicyState],
+    caps: Sequence[int],  # per row: the most it may verify this round (γ, tokens left, cache room)
+    conf: torch.Tensor | None,  # [B, γ'] drafter confidences for the drafted rows (None: no head / not drafted)
+    table: CostTable,
+    fixed_other_tokens: int = 0,
+) -> list[int]:
+    """K for every row of one round: policy K (survival rows jointly), capped by caps and the draft-side early
+    stop. Rows in the same order as conf."""
+    ks: list[int] = []
+    surv_rows: list[int] = []
+    surv_a: list[torch.Tensor] = []
+    for r, (cfg, st, cap) in enumerate(zip(cfgs, states, caps)):
+        cap = max(0, cap)
+        if cfg.draft_stop > 0 and conf is not None and cap > 0:
+            cap = min(cap, int(early_stop_k(conf[r:r + 1, :cap], cfg.draft_stop)[0]))
+        if cfg.policy == "survival":
+            cap = min(cap, cfg.max_k)
+            a = survival(conf[r, :cap]) if conf is not None else fallback_survival(st.ema, cap)
+            surv_rows.append(r)
+            surv_a.append(a)
+            ks.append(0)
+        else:
+            ks.append(min(cap, st.k))
+    if surv_rows:
+        others = sum(1 + ks[r] for r in range(len(ks)) if r not in set(surv_rows)) + fixed_other_tokens
+        for r, kr in zip(surv_rows, plan_survival(surv_a, others, table)):
+            ks[r] = kr
+    return ks

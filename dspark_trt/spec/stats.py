@@ -1,0 +1,108 @@
+"""Speculative-decoding statistics: the per-round log and the totals derived from it.
+
+Owns RoundRecord (k, accepted, conf per round, seed 000 §4.4 observability) and SpecStats (per request or
+aggregated): target/draft calls, drafted/accepted/committed tokens, τ, acceptance per position, first-token
+rejection rate, drafter fallbacks. Pure bookkeeping; knows nothing of models or serving.
+
+Definitions:
+- τ = committed tokens / target forwards, bonus included; the prefill forward and the token it commits count
+  (so plain decoding has τ = 1 exactly).
+- acceptance rate α = accepted / drafted-and-verified (Σ accepted / Σ k).
+- acceptance_per_position[j-1] = #rounds with accepted ≥ j / #rounds with k ≥ j (the survival curve).
+- first-token rejection rate = #rounds with k ≥ 1 and accepted = 0 / #rounds with k ≥ 1.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable
+
+__all__ = ["RoundRecord", "SpecStats"]
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    k: int  # tokens verified
+    accepted: int  # of those, accepted
+    conf: float  # seed-formula confidence after the round
+    committed: int  # tokens committed (accepted + 1, fewer if a stop condition cut the round)
+    fallback: bool = False  # the drafter failed; the round ran as plain decoding
+
+    def as_dict(self) -> dict[str, float | int]:
+        conf = round(self.conf, 4) if math.isfinite(self.conf) else None
+        return {"k": self.k, "accepted": self.accepted, "conf": conf}
+
+
+@dataclass
+class SpecStats:
+    """Counters for one request (or, via `merge`, for many)."""
+
+    rounds: list[RoundRecord] = field(default_factory=list)
+    prefill_calls: int = 0
+    verify_calls: int = 0
+    draft_calls: int = 0
+    drafted_tokens: int = 0  # draft tokens verified by the target (Σ k)
+    proposed_tokens: int = 0  # draft tokens the drafter produced (≥ drafted; early stop / K cut the rest)
+    accepted_tokens: int = 0
+    committed_tokens: int = 0  # generated tokens (prefill's first token included)
+    draft_failures: int = 0
+
+    def record_round(self, rec: RoundRecord, drafted: bool, proposed: int) -> None:
+        self.rounds.append(rec)
+        self.verify_calls += 1
+        self.draft_calls += int(drafted)
+        self.proposed_tokens += proposed
+        self.drafted_tokens += rec.k
+        self.accepted_tokens += rec.accepted
+        self.committed_tokens += rec.committed
+        self.draft_failures += int(rec.fallback)
+
+    @property
+    def target_calls(self) -> int:
+        return self.prefill_calls + self.verify_calls
+
+    @property
+    def tau(self) -> float:
+        return self.committed_tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    def acceptance_per_position(self) -> list[float]:
+        depth = max((r.k for r in self.rounds), default=0)
+        out = []
+        for j in range(1, depth + 1):
+            verified = sum(1 for r in self.rounds if r.k >= j)
+            out.append(sum(1 for r in self.rounds if r.k >= j and r.accepted >= j) / verified)
+        return out
+
+    @property
+    def first_token_rejection_rate(self) -> float:
+        verified = [r for r in self.rounds if r.k >= 1]
+        return sum(1 for r in verified if r.accepted == 0) / len(verified) if verified else 0.0
+
+    def merge(self, others: Iterable["SpecStats"]) -> "SpecStats":
+        """A new SpecStats holding self + others (round logs concatenated)."""
+        out = SpecStats()
+        for s in (self, *others):
+            out.rounds.extend(s.rounds)
+            for name in ("prefill_calls", "verify_calls", "draft_calls", "drafted_tokens", "proposed_tokens",
+                         "accepted_tokens", "committed_tokens", "draft_failures"):
+                setattr(out, name, getattr(out, name) + getattr(s, name))
+        return out
+
+    def summary(self, with_rounds: bool = True) -> dict[str, object]:
+        """The JSON shape of `dspark-trt generate --json`'s "stats" (plus a few derived fields)."""
+        out: dict[str, object] = {
+            "target_calls": self.target_calls, "draft_calls": self.draft_calls,
+            "accepted_tokens": self.accepted_tokens, "drafted_tokens": self.drafted_tokens,
+            "committed_tokens": self.committed_tokens, "tau": round(self.tau, 4),
+            "acceptance_rate": round(self.acceptance_rate, 4),
+            "acceptance_per_position": [round(x, 4) for x in self.acceptance_per_position()],
+            "first_token_rejection_rate": round(self.first_token_rejection_rate, 4),
+            "draft_failures": self.draft_failures,
+        }
+        if with_rounds:
+            out["rounds"] = [r.as_dict() for r in self.rounds]
+        return out
