@@ -1,0 +1,255 @@
+"""The DSpark block drafter: trainable module (`DSparkModel`) and its slot-based runtime (`DSparkDrafter`).
+
+Owns: ctx = RMSNorm(fc(concat of target-layer taps)); decoder layers attending to [Wk·ctx; Wk·h]
+(context = positions < anchor position, bidirectional inside the block); block input
+[anchor, MASK×(γ−1)] with a learned MASK embedding; the frozen target embeddings / lm_head (attached by
+reference, never stored); an optional reduced draft vocabulary (d2t map); the low-rank Markov head
+p_k = softmax(U_k + W2·W1[x_{k−1}]) sampled left to right; the confidence head
+c_k = σ((w·[h_k; W1[x_{k−1}]] + b) / T_k). The runtime keeps per-slot context KV; block KV is never kept.
+Training losses and data live in dspark_trt.train; this module knows nothing about them.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from dspark_trt.errors import DrafterError
+from dspark_trt.runtime.drafters.config import DSparkConfig
+from dspark_trt.runtime.drafters.layers import DSparkLayer, RMSNorm
+from dspark_trt.runtime.drafters.sampling import pick_tokens
+from dspark_trt.spec.protocols import DraftBlock, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class DSparkModel(nn.Module):
+    """Trainable drafter weights. Call `attach_target(embed, lm_head)` before any forward."""
+
+    def __init__(self, cfg: DSparkConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.hidden_size
+        self.fc = nn.Linear(cfg.feature_size, d, bias=False)
+        self.ctx_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.mask_embedding = nn.Parameter(torch.zeros(d))
+        self.layers = nn.ModuleList(
+            DSparkLayer(d, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
+                        cfg.rms_norm_eps, cfg.rope_theta) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(d, cfg.rms_norm_eps)
+        r = cfg.markov_rank if cfg.has_markov else 0
+        if r:
+            self.markov_w1 = nn.Embedding(cfg.vocab_size, r)
+            self.markov_w2 = nn.Linear(r, cfg.head_vocab, bias=False)
+            nn.init.normal_(self.markov_w1.weight, std=0.02)
+            nn.init.zeros_(self.markov_w2.weight)  # start as "no Markov bias"
+        if cfg.enable_confidence_head:
+            self.confidence = nn.Linear(d + (r if cfg.confidence_head_with_markov else 0), 1)
+        d2t = torch.arange(cfg.head_vocab, dtype=torch.long)
+        self.register_buffer("d2t", d2t)  # [Vd] target id of each draft-vocab id (identity for the full vocab)
+        temps = cfg.confidence_temperatures or (1.0,) * cfg.block_size
+        self.register_buffer("conf_temperature", torch.tensor(temps, dtype=torch.float32), persistent=False)
+        self._embed: torch.Tensor | None = None  # [V, d] target embeddings (frozen, shared)
+        self._head: torch.Tensor | None = None  # [Vd, d] target lm_head rows of the draft vocab
+
+    # -- target weights (frozen, shared by reference) --
+    def attach_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
+        """embed_weight, lm_head_weight [V, d]: the target's; never copied into the checkpoint."""
+        V, d = self.cfg.vocab_size, self.cfg.hidden_size
+        for name, w in (("embeddings", embed_weight), ("lm_head", lm_head_weight)):
+            if tuple(w.shape) != (V, d):
+                raise DrafterError(f"Target {name} have shape {tuple(w.shape)} but the drafter expects {(V, d)}. "
+                                   "Fix: load the drafter with the target it was trained for.")
+        self._embed = embed_weight.detach()
+        full = self.cfg.draft_vocab_size in (0, V)
+        head = lm_head_weight.detach()
+        self._head = head if full else head.index_select(0, self.d2t.to(head.device))
+
+    def set_temperatures(self, temps: Sequence[float]) -> None:
+        self.cfg = self.cfg.replace(confidence_temperatures=tuple(float(t) for t in temps))
+        self.conf_temperature = torch.tensor(self.cfg.confidence_temperatures, dtype=torch.float32,
+                                             device=self.d2t.device)
+
+    def _need_target(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._embed is None or self._head is None:
+            raise DrafterError("DSpark drafter has no target weights attached. Fix: load it with "
+                               "runtime.drafters.load_drafter(path, target, dtype) or call attach_target().")
+        return self._embed, self._head
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    # -- pieces --
+    def context(self, features: torch.Tensor) -> torch.Tensor:
+        """features [B, T, F] → ctx [B, T, d]."""
+        return self.ctx_norm(self.fc(features.to(self.param_dtype)))
+
+    def context_kv(self, ctx: torch.Tensor, pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """ctx [B, C, d], pos [B, C] → per layer (k, v) [B, Hkv, C, hd]."""
+        return [layer.context_kv(ctx, pos) for layer in self.layers]
+
+    def block_input(self, anchors: torch.Tensor, gamma: int) -> torch.Tensor:
+        """anchors [...] long → [..., γ, d] = [embed(anchor), MASK×(γ−1)]."""
+        embed, _ = self._need_target()
+        a = embed[anchors].to(self.param_dtype)[..., None, :]  # [..., 1, d]
+        m = self.mask_embedding.expand(*anchors.shape, gamma - 1, -1)
+        return torch.cat([a, m], dim=-2)
+
+    def backbone(self, h: torch.Tensor, pos: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]],
+                 mask: torch.Tensor) -> torch.Tensor:
+        """h [B, Q, d], pos [B, Q], kv per layer [B, Hkv, C, hd], mask [B, Q, C+Q] → final-normed [B, Q, d]."""
+        for layer, (k, v) in zip(self.layers, kv):
+            h = layer(h, pos, k, v, mask)
+        return self.norm(h)
+
+    def base_logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h [..., d] → U [..., Vd] (float32)."""
+        _, head = self._need_target()
+        return (h @ head.to(h.dtype).t()).float()
+
+    def markov_embed(self, prev: torch.Tensor) -> torch.Tensor | None:
+        """prev [...] target ids → W1[prev] [..., r] (None without a Markov head)."""
+        return self.markov_w1(prev) if self.cfg.has_markov else None
+
+    def markov_bias(self, w1x: torch.Tensor | None) -> torch.Tensor | float:
+        """W1[x] [..., r] → W2·W1[x] [..., Vd] float32 (0.0 without a Markov head)."""
+        return 0.0 if w1x is None else self.markov_w2(w1x).float()
+
+    def confidence_logit(self, h: torch.Tensor, w1x: torch.Tensor | None) -> torch.Tensor | None:
+        """h [..., d], W1[x] [..., r] → raw logit [...] float32 (None without a confidence head)."""
+        if not self.cfg.enable_confidence_head:
+            return None
+        x = torch.cat([h, w1x.to(h.dtype)], dim=-1) if self.cfg.confidence_head_with_markov and w1x is not None else h
+        return self.confidence(x).squeeze(-1).float()
+
+    # -- training forward (teacher-forced, many anchors per sequence) --
+    def forward_train(self, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor,
+                      gamma: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """features [B, L, F], tokens [B, L], anchors [B, A] (1 ≤ a ≤ L−γ) →
+        (hidden [B, A, γ, d], logits [B, A, γ, Vd] float32 incl. Markov bias, conf_logit [B, A, γ] | None).
+        Slot i of anchor a predicts token a+i+1; its Markov input is the teacher token x = tokens[a+i]."""
+        B, L, _ = features.shape
+        A = anchors.shape[1]
+        dev = features.device
+        ctx = self.context(features)  # [B, L, d]
+        cpos = torch.arange(L, device=dev).expand(B, L)
+        kv = self.context_kv(ctx, cpos)
+        offs = torch.arange(gamma, device=dev)
+        bpos = (anchors[..., None] + offs).reshape(B, A * gamma)  # [B, Aγ]
+        h = self.block_input(tokens.gather(1, anchors), gamma).reshape(B, A * gamma, -1)
+        ctx_ok = cpos[:, None, :] < anchors.repeat_interleave(gamma, dim=1)[..., None]  # [B, Aγ, L]
+        grp = torch.arange(A, device=dev).repeat_interleave(gamma)
+        blk_ok = (grp[:, None] == grp[None, :]).expand(B, -1, -1)  # [B, Aγ, Aγ]
+        mask = torch.cat([ctx_ok, blk_ok], dim=-1)
+        hid = self.backbone(h, bpos, kv, mask).view(B, A, gamma, -1)
+        prev = tokens.gather(1, bpos).view(B, A, gamma)  # x_{k-1}: anchor, then teacher tokens
+        w1x = self.markov_embed(prev)
+        logits = self.base_logits(hid) + self.markov_bias(w1x)
+        return hid, logits, self.confidence_logit(hid, w1x)
+
+
+class DSparkDrafter:
+    """spec.protocols.Drafter over a DSparkModel with per-slot context KV caches."""
+
+    def __init__(self, model: DSparkModel) -> None:
+        self.model = model.eval()
+        self.cfg = model.cfg
+        self.gamma = model.cfg.block_size
+        self.target_layer_ids = tuple(model.cfg.target_layer_ids)
+        self.vocab_size = model.cfg.vocab_size
+        self._k: list[torch.Tensor] = []
+        self._v: list[torch.Tensor] = []
+        self._len = torch.zeros(0, dtype=torch.long)
+        self._gen = torch.Generator().manual_seed(0)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.fc.weight.device
+
+    def allocate(self, max_batch: int, max_seq: int) -> None:
+        c = self.cfg
+        shape = (max_batch, c.num_key_value_heads, max_seq, c.head_dim)
+        dt = self.model.param_dtype
+        self._k = [torch.zeros(shape, dtype=dt, device=self.device) for _ in range(c.num_hidden_layers)]
+        self._v = [torch.zeros(shape, dtype=dt, device=self.device) for _ in range(c.num_hidden_layers)]
+        self._len = torch.zeros(max_batch, dtype=torch.long)
+        self.max_seq = max_seq
+
+    def _check_slots(self, slots: torch.Tensor) -> list[int]:
+        if not self._k:
+            raise DrafterError("DSpark drafter used before allocate(max_batch, max_seq). Fix: call allocate first.")
+        s = [int(x) for x in slots.tolist()]
+        if any(not 0 <= x < len(self._len) for x in s):
+            raise DrafterError(f"Slot ids {s} outside 0..{len(self._len) - 1}. Fix: allocate more slots.")
+        return s
+
+    @torch.inference_mode()
+    def extend_context(self, slots: torch.Tensor, tokens: torch.Tensor, lengths: torch.Tensor,
+                       features: torch.Tensor | None) -> None:
+        s = self._check_slots(slots)
+        if features is None:
+            raise DrafterError("The DSpark drafter needs target features (taps of target_layer_ids) with every "
+                               "committed token. Fix: run the target with taps=drafter.target_layer_ids.")
+        if features.shape[-1] != self.cfg.feature_size:
+            raise DrafterError(f"Features have width {features.shape[-1]} but the drafter expects "
+                               f"{self.cfg.feature_size} = {len(self.target_layer_ids)} taps × {self.cfg.hidden_size}. "
+                               "Fix: tap exactly drafter.target_layer_ids, in that order.")
+        B, T = tokens.shape
+        start = self._len[s]  # [B]
+        if int((start + lengths.cpu()).max()) > self.max_seq:
+            raise DrafterError(f"Drafter context would exceed max_seq={self.max_seq}. Fix: allocate a larger max_seq.")
+        pos = (start[:, None] + torch.arange(T)).to(self.device)  # [B, T]
+        ctx = self.model.context(features.to(self.device))
+        kv = self.model.context_kv(ctx, pos)
+        for r, slot in enumerate(s):
+            n, p0 = int(lengths[r]), int(start[r])
+            for li, (k, v) in enumerate(kv):
+                self._k[li][slot, :, p0:p0 + n] = k[r, :, :n]
+                self._v[li][slot, :, p0:p0 + n] = v[r, :, :n]
+            self._len[slot] = p0 + n
+
+    def context_length(self, slot: int) -> int:
+        return int(self._len[slot])
+
+    @torch.inference_mode()
+    def propose(self, slots: torch.Tensor, anchors: torch.Tensor, gamma: int,
+                sampling: Sequence[SamplingParams]) -> DraftBlock:
+        s = self._check_slots(slots)
+        if not 1 <= gamma <= self.gamma:
+            raise DrafterError(f"gamma={gamma} outside 1..{self.gamma} (the drafter's block_size). "
+                               "Fix: ask for at most block_size tokens.")
+        m, G, dev = self.model, self.gamma, self.device
+        lens = self._len[s].to(dev)  # [B]
+        B, C = len(s), max(1, int(lens.max()))
+        idx = torch.tensor(s, device=dev)
+        kv = [(k.index_select(0, idx)[:, :, :C], v.index_select(0, idx)[:, :, :C]) for k, v in zip(self._k, self._v)]
+        mask = torch.cat([(torch.arange(C, device=dev)[None, :] < lens[:, None])[:, None, :].expand(B, G, C),
+                          torch.ones(B, G, G, dtype=torch.bool, device=dev)], dim=-1)  # [B, G, C+G]
+        pos = lens[:, None] + torch.arange(G, device=dev)  # [B, G]
+        anchors = anchors.to(dev)
+        hid = m.backbone(m.block_input(anchors, G), pos, kv, mask)  # [B, G, d]
+        U = m.base_logits(hid)  # [B, G, Vd]
+        need_q = any(not p.greedy for p in sampling)
+        toks = torch.empty(B, gamma, dtype=torch.long, device=dev)
+        q = torch.zeros(B, gamma, self.vocab_size, device=dev) if need_q else None
+        conf = torch.empty(B, gamma, device=dev) if m.cfg.enable_confidence_head else None
+        prev = anchors
+        for k in range(gamma):  # sequential Markov sampling
+            w1x = m.markov_embed(prev)
+            logits = U[:, k] + m.markov_bias(w1x)  # [B, Vd]
+            if conf is not None:
+                conf[:, k] = torch.sigmoid(m.confidence_logit(hid[:, k], w1x) / m.conf_temperature[k])
+            dtok, probs = pick_tokens(logits, sampling, self._gen)  # [B] draft ids, [B, Vd] | None
+            prev = m.d2t[dtok]
+            toks[:, k] = prev
+            if q is not None:
+                q[:, k].scatter_(1, m.d2t.expand(B, -1), probs)
+        return DraftBlock(tokens=toks.cpu(), q=None if q is None else q.cpu(),
+                          conf=None if conf is None else conf.float().cpu())
+
+    def release(self, slot: int) -> None:
+        if 0 <= slot < len(self._len):
+            self._len[slot] = 0

@@ -1,0 +1,76 @@
+"""Creating a fresh DSpark drafter for a target: config from the target's HF config, weights initialised
+from the target's own top layers (attention/MLP/norms copied, then trained), d2t map from token counts.
+
+Owns nothing at inference time; dspark_trt.runtime.drafters owns the module and its checkpoint format.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from dspark_trt.runtime.drafters.config import DSparkConfig, rope_theta_of
+from dspark_trt.runtime.drafters.dspark import DSparkModel
+from dspark_trt.runtime.drafters.vocab import target_fingerprint, vocab_info
+
+log = logging.getLogger(__name__)
+
+
+def default_layer_ids(num_target_layers: int, n: int = 5) -> tuple[int, ...]:
+    """n taps spread from layer 1 to the second-to-last layer (DeepSpec: Qwen3-4B 36 layers → 1,9,17,25,33)."""
+    if num_target_layers <= n:
+        return tuple(range(num_target_layers))
+    last = num_target_layers - 2
+    return tuple(sorted({round(1 + i * (last - 1) / (n - 1)) for i in range(n)}))
+
+
+def new_config(target_dir: Path, layer_ids: Sequence[int] | None, num_layers: int, gamma: int, markov_rank: int,
+               draft_vocab_size: int, embed_weight: torch.Tensor | None = None) -> DSparkConfig:
+    hf: dict[str, Any] = json.loads((Path(target_dir) / "config.json").read_text())
+    L = int(hf["num_hidden_layers"])
+    heads = int(hf["num_attention_heads"])
+    vi = vocab_info(target_dir)
+    mask_id = vi.special.get("mask_token_id") or hf.get("mask_token_id")
+    if mask_id is None:  # no MASK token: nominal id (the drafter uses its learned mask embedding)
+        mask_id = vi.special.get("unk_token_id") or 0
+    return DSparkConfig(
+        hidden_size=int(hf["hidden_size"]), intermediate_size=int(hf["intermediate_size"]),
+        num_attention_heads=heads, num_key_value_heads=int(hf.get("num_key_value_heads", heads)),
+        head_dim=int(hf.get("head_dim") or hf["hidden_size"] // heads), vocab_size=int(hf["vocab_size"]),
+        target_layer_ids=tuple(layer_ids) if layer_ids else default_layer_ids(L), num_target_layers=L,
+        mask_token_id=int(mask_id), num_hidden_layers=num_layers, block_size=gamma,
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-5)), rope_theta=rope_theta_of(hf),
+        max_position_embeddings=int(hf.get("max_position_embeddings", 8192)),
+        markov_rank=markov_rank, markov_head_type="vanilla" if markov_rank > 0 else "none",
+        draft_vocab_size=draft_vocab_size if draft_vocab_size < int(hf["vocab_size"]) else 0,
+        target_fingerprint=target_fingerprint(embed_weight) if embed_weight is not None else "",
+        target_vocab=vi.to_dict())
+
+
+def init_from_target(model: DSparkModel, hf_target: torch.nn.Module) -> None:
+    """Copy the target's last layers (HF Llama naming) into the drafter layers and its final norm."""
+    layers = hf_target.model.layers
+    n = len(model.layers)
+    with torch.no_grad():
+        for i, dl in enumerate(model.layers):
+            src = layers[len(layers) - n + i]
+            a, m = src.self_attn, src.mlp
+            for name, w in (("q_proj", a.q_proj), ("k_proj", a.k_proj), ("v_proj", a.v_proj), ("o_proj", a.o_proj),
+                            ("gate_proj", m.gate_proj), ("up_proj", m.up_proj), ("down_proj", m.down_proj)):
+                getattr(dl, name).weight.copy_(w.weight.float())
+            dl.input_layernorm.weight.copy_(src.input_layernorm.weight.float())
+            dl.post_attention_layernorm.weight.copy_(src.post_attention_layernorm.weight.float())
+        model.norm.weight.copy_(hf_target.model.norm.weight.float())
+        model.mask_embedding.copy_(hf_target.get_input_embeddings().weight.float().mean(0))
+
+
+def frequent_tokens(counts: torch.Tensor, size: int, always: Sequence[int] = ()) -> torch.Tensor:
+    """counts [V] → d2t [size] long: the `size` most frequent target ids (plus `always`), sorted by id."""
+    c = counts.clone().double()
+    for t in always:
+        c[t] = float("inf")
+    top = torch.topk(c, size).indices
+    return top.sort().values
