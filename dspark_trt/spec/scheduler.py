@@ -158,18 +158,19 @@ class CostTable:
 
 
 def plan_survival(a_rows: Sequence[torch.Tensor], fixed_tokens: int, table: CostTable,
-                  min_gain: float = 0.0) -> list[int]:
+                  min_gain: float = 0.0, fixed_tau: float | None = None) -> list[int]:
     """Batch-aware K for the survival rows (DSpark Alg. 1).
 
     a_rows[r] [cap_r]: survival a_{r,1..cap_r} (non-increasing; cap_r = the most row r may verify).
-    fixed_tokens: tokens of the other rows in the same verify batch (Σ(1 + K) of non-survival rows).
+    fixed_tokens: tokens of the other rows in the same verify batch (Σ(1 + K) of non-survival rows);
+    fixed_tau: their expected committed tokens (default: fixed_tokens, i.e. every other token commits).
     Start at K_r = 0 (every row still verifies its anchor), then admit (r, j) pairs in descending a (ties: lower j,
     then lower r) while Θ = (expected committed tokens)·SPS(batch tokens) does not drop by more than min_gain
     (relative); stop at the first drop."""
     n_rows = len(a_rows)
     ks = [0] * n_rows
     tokens = fixed_tokens + n_rows
-    tau = float(n_rows)
+    tau = float(n_rows) + (float(fixed_tokens) if fixed_tau is None else fixed_tau)
     theta = tau * table.sps(max(tokens, 1))
     cand = [(-float(a[j]), j, r) for r, a in enumerate(a_rows) for j in range(len(a))]
     cand.sort()
@@ -212,7 +213,12 @@ def schedule_batch(
         else:
             ks.append(min(cap, st.k))
     if surv_rows:
-        others = sum(1 + ks[r] for r in range(len(ks)) if r not in set(surv_rows)) + fixed_other_tokens
-        for r, kr in zip(surv_rows, plan_survival(surv_a, others, table)):
+        other_rows = [r for r in range(len(ks)) if r not in set(surv_rows)]
+        others = sum(1 + ks[r] for r in other_rows) + fixed_other_tokens
+        other_tau = float(fixed_other_tokens)
+        for r in other_rows:  # expected committed tokens of the non-survival rows
+            a = survival(conf[r, :ks[r]]) if conf is not None else fallback_survival(states[r].ema, ks[r])
+            other_tau += 1.0 + float(a.sum())
+        for r, kr in zip(surv_rows, plan_survival(surv_a, others, table, fixed_tau=other_tau)):
             ks[r] = kr
     return ks
