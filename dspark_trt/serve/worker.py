@@ -35,7 +35,7 @@ from dspark_trt.spec.loop import RoundEvent, RoundScheduler
 
 log = logging.getLogger(__name__)
 
-FAULT_ENV = "DSPARK_SERVE_FAULTS"  # "draft": every draft pass raises (tests the plain-decoding fallback)
+FAULT_ENV = "DSPARK_SERVE_FAULTS"  # "draft": every draft pass raises; "draft:N": the first N do (tests the fallback)
 
 
 class ResponseSink(Protocol):
@@ -87,7 +87,11 @@ class TimedBackend:
     def __init__(self, inner: Any, metrics: ServeMetrics, faults: str = "") -> None:
         self._inner = inner
         self._metrics = metrics
-        self._faults = set(f for f in faults.split(",") if f)
+        self._draft_faults = 0  # draft passes still to fail (−1: all)
+        for f in (f.strip() for f in faults.split(",") if f.strip()):
+            name, _, count = f.partition(":")
+            if name == "draft":
+                self._draft_faults = int(count) if count else -1
         self.vocab_size = inner.vocab_size
         self.max_batch = inner.max_batch
         self.max_seq = inner.max_seq
@@ -98,8 +102,9 @@ class TimedBackend:
     def draft(self, slots: Sequence[int], anchors: torch.Tensor, gamma: int, sampling: Sequence[Any]) -> Any:
         t0 = time.perf_counter()
         try:
-            if "draft" in self._faults:
-                raise DrafterError(f"injected drafter failure ({FAULT_ENV}=draft)")
+            if self._draft_faults != 0:
+                self._draft_faults -= 1 if self._draft_faults > 0 else 0
+                raise DrafterError(f"injected drafter failure ({FAULT_ENV})")
             return self._inner.draft(slots, anchors, gamma, sampling)  # DraftBlock tokens [B, γ]
         except Exception:
             self._metrics.inc("dspark_fallback_total")
@@ -206,6 +211,7 @@ class InflightBatcher:
                 self.metrics.inc("dspark_cancelled_total")
                 job.sink.error("request cancelled by the client")
                 log.info("request %d cancelled by the client after %d tokens; KV slot freed", rid, len(job.tokens))
+                self.metrics.set("dspark_active_requests", self.scheduler.active)
 
     def _round(self) -> None:
         depth = self.scheduler.pending

@@ -1,0 +1,91 @@
+"""Greedy output through the real server's ensemble (HTTP generate, HTTP generate_stream, gRPC, gRPC streaming)
+equals in-process plain generation on the same build, for every K policy; stats and metrics come back."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dspark_trt.serve.client import generate_remote
+from dspark_trt.spec.scheduler import POLICIES
+
+pytestmark = pytest.mark.triton
+
+PROMPTS = ["def main(argv):", "import os\nimport sys", "class Queue:", "for i in range(10):",
+           "with open(path) as f:", "raise ValueError(", "return self._", "# Copyright 2001"]
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("protocol,stream", [("http", False), ("http", True), ("grpc", False), ("grpc", True)])
+def test_greedy_equals_in_process(server, reference, policy: str, protocol: str, stream: bool) -> None:
+    i = POLICIES.index(policy) * 2 + (protocol == "grpc")
+    prompt, n = PROMPTS[i % len(PROMPTS)], 20 + 3 * i
+    url = server.http_url if protocol == "http" else server.grpc_url
+    pieces: list[str] = []
+    out = generate_remote(url, prompt, max_tokens=n, protocol=protocol, stream=stream, policy=policy,
+                          on_text=pieces.append)
+    want = reference(prompt, n)
+    assert out["token_ids"] == want, f"{policy}/{protocol}/stream={stream}: token ids differ"
+    assert out["text"] == reference.text(want)
+    stats = out["stats"]
+    assert stats["committed_tokens"] == len(want)
+    assert len(stats["k_per_round"]) == stats["target_calls"] - 1  # every round but the prefill
+    if policy == "plain":
+        assert stats["drafted_tokens"] == 0 and set(stats["k_per_round"]) <= {0}
+    if policy == "fixed":
+        assert stats["drafted_tokens"] > 0 and stats["tau"] > 1.0
+    if stream and len(want) > 1:
+        assert len(pieces) > 1, "streaming sent everything in one response"
+
+
+def test_stats_and_metrics(server, metrics) -> None:
+    out = generate_remote(server.grpc_url, "def main(argv):", max_tokens=24, protocol="grpc", policy="fixed",
+                          max_k=3)
+    s = out["stats"]
+    for key in ("tau", "accepted_tokens", "drafted_tokens", "k_per_round", "acceptance_rate", "batch"):
+        assert key in s
+    assert max(s["k_per_round"]) <= 3
+    m = metrics()
+    for name in ("dspark_acceptance_rate", "dspark_tau", "dspark_k_count", "dspark_fallback_total",
+                 "dspark_draft_latency_seconds_count", "dspark_verify_latency_seconds_count",
+                 "dspark_round_batch_size_count"):
+        assert name in m, f"metric {name} missing"
+    assert m["dspark_verify_latency_seconds_count"] > 0 and m["dspark_draft_latency_seconds_count"] > 0
+    assert 0.0 < m["dspark_acceptance_rate"] <= 1.0 and m["dspark_tau"] >= 1.0
+
+
+def test_stop_words_and_end_id(server, reference) -> None:
+    prompt = "def main(argv):"
+    full = reference(prompt, 30)
+    stop_text = reference.text(full[5:6])
+    stop_ids = reference.pair.tokenizer(stop_text, add_special_tokens=False)["input_ids"]
+    want = full
+    for end in range(len(stop_ids), len(full) + 1):  # the loop stops right after the first occurrence
+        if full[end - len(stop_ids):end] == stop_ids:
+            want = full[:end]
+            break
+    out = generate_remote(server.http_url, prompt, max_tokens=30, stop_words=[stop_text])
+    assert out["token_ids"] == want
+    if stop_ids == full[5:6]:
+        assert len(want) <= 6 and out["stats"]["finish_reason"] == "stop"
+    out = generate_remote(server.grpc_url, prompt, max_tokens=30, protocol="grpc", end_id=full[3])
+    want = full[: full.index(full[3]) + 1]
+    assert out["token_ids"] == want and out["stats"]["finish_reason"] == "eos"
+
+
+def test_cli_generate_matches_server(server, tiny_build, reference) -> None:
+    """`dspark-trt generate --engine-dir` (in process, plain) vs `dspark-trt generate --url` (this server)."""
+    prompt, n = "class Queue:", 16
+    local = subprocess.run([sys.executable, "-m", "dspark_trt.cli", "generate", "--engine-dir", str(tiny_build),
+                            "--policy", "plain", "--prompt", prompt, "--max-new-tokens", str(n), "--json"],
+                           capture_output=True, text=True)
+    assert local.returncode == 0, local.stderr[-3000:]
+    remote = subprocess.run([sys.executable, "-m", "dspark_trt.cli", "generate", "--url", server.grpc_url,
+                             "--protocol", "grpc", "--stream", "--prompt", prompt, "--max-new-tokens", str(n),
+                             "--json"], capture_output=True, text=True)
+    assert remote.returncode == 0, remote.stderr[-3000:]
+    a, b = json.loads(local.stdout), json.loads(remote.stdout)
+    assert a["token_ids"] == b["token_ids"] == reference(prompt, n)
+    assert a["text"] == b["text"]

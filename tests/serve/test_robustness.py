@@ -1,0 +1,113 @@
+"""A second real server on a copy of the tiny build's repository with MAX_QUEUE 2 and the first draft passes
+failing (DSPARK_SERVE_FAULTS=draft:3): drafter fallback keeps outputs identical and is counted; overload turns
+speculation off per round and back on; a cancelled request frees its KV slot; stop leaves no processes and no
+/dev/shm regions."""
+from __future__ import annotations
+
+import os
+import queue
+import re
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from dspark_trt.serve.client import generate_remote
+from dspark_trt.serve.server import SHM_PREFIX, TritonServer, _group_pids, _mapped_shm
+
+from .conftest import read_metrics
+
+pytestmark = pytest.mark.triton
+
+FAILING_DRAFTS = 3
+
+
+@pytest.fixture(scope="module")
+def fragile(tiny_build: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    repo = tmp_path_factory.mktemp("fragile") / "model_repo"
+    shutil.copytree(tiny_build / "model_repo", repo)
+    cfg = repo / "dspark" / "config.pbtxt"
+    text = re.sub(r'(key: "MAX_QUEUE" value: \{ string_value: ")\d+', r"\g<1>2", cfg.read_text())
+    cfg.write_text(text)
+    env = dict(os.environ, DSPARK_SERVE_FAULTS=f"draft:{FAILING_DRAFTS}")
+    srv = TritonServer(repo, env=env).start()
+    yield srv
+    srv.stop()
+
+
+def test_failing_drafter_falls_back_with_same_output(fragile, reference) -> None:
+    prompt, n = "def main(argv):", 30
+    out = generate_remote(fragile.grpc_url, prompt, max_tokens=n, protocol="grpc", policy="fixed")
+    assert out["token_ids"] == reference(prompt, n)
+    assert out["stats"]["draft_failures"] == FAILING_DRAFTS
+    assert out["stats"]["drafted_tokens"] > 0  # the drafter came back after the injected failures
+    m = read_metrics(fragile.metrics_url)
+    assert m["dspark_fallback_total"] == FAILING_DRAFTS
+
+
+def test_overload_turns_speculation_off_then_on(fragile, reference) -> None:
+    prompts = ["class Queue:", "for i in range(10):", "raise ValueError(", "return self._", "while True:", "print("]
+    wants = [reference(p, 40) for p in prompts]
+    results: dict[int, dict] = {}
+    barrier = threading.Barrier(len(prompts))
+
+    def client(i: int) -> None:
+        barrier.wait()
+        results[i] = generate_remote(fragile.grpc_url, prompts[i], max_tokens=40, protocol="grpc", stream=True,
+                                     policy="fixed")
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [results[i]["token_ids"] for i in range(len(prompts))] == wants
+    assert max(r["stats"]["speculation_off_rounds"] for r in results.values()) > 0
+    assert read_metrics(fragile.metrics_url)["dspark_speculation_off_rounds_total"] > 0
+    alone = generate_remote(fragile.grpc_url, "def main(argv):", max_tokens=20, protocol="grpc", policy="fixed")
+    assert alone["stats"]["speculation_off_rounds"] == 0 and alone["stats"]["drafted_tokens"] > 0
+
+
+def test_cancel_frees_kv_slot(fragile) -> None:
+    client = grpcclient.InferenceServerClient(fragile.grpc_url)
+    q: queue.Queue = queue.Queue()
+    inputs = []
+    for name, arr, dt in (("text_input", np.array([[b"def main(argv):"]], dtype=object), "BYTES"),
+                          ("max_tokens", np.array([[240]], dtype=np.int32), "INT32"),
+                          ("stream", np.array([[True]]), "BOOL"), ("policy", np.array([[b"plain"]], dtype=object),
+                                                                    "BYTES")):
+        t = grpcclient.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        inputs.append(t)
+    before = read_metrics(fragile.metrics_url).get("dspark_cancelled_total", 0.0)
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
+    client.async_stream_infer("ensemble", inputs, request_id="to-cancel")
+    result, error = q.get(timeout=120)
+    assert error is None
+    client.stop_stream(cancel_requests=True)
+    client.close()
+    deadline = time.monotonic() + 60  # wait for the server to notice, not a timing assertion
+    m = read_metrics(fragile.metrics_url)
+    while m.get("dspark_cancelled_total", 0.0) <= before and time.monotonic() < deadline:
+        time.sleep(0.2)
+        m = read_metrics(fragile.metrics_url)
+    assert m["dspark_cancelled_total"] == before + 1
+    assert m["dspark_active_requests"] == 0
+    # the freed slot is usable: a new request still completes
+    assert generate_remote(fragile.http_url, "def f", max_tokens=4)["token_ids"]
+
+
+def test_stop_leaves_nothing(fragile) -> None:
+    pgid = fragile.pid
+    assert pgid is not None
+    pids = _group_pids(pgid)
+    shm = _mapped_shm(pids)
+    assert len(pids) > 1 and shm, "expected the server, its stubs and their shm regions"
+    fragile.stop()
+    assert _group_pids(pgid) == []
+    assert not [n for n in shm if (Path("/dev/shm") / n).exists()]
+    assert not any(p.name.startswith(SHM_PREFIX) and p.name in shm for p in Path("/dev/shm").iterdir())
