@@ -1,0 +1,182 @@
+"""`dspark-trt generate`: one prompt through DSpark speculative decoding, in process, from a build, or via Triton.
+
+Owns the command's arguments (defaults from the frozen spec dataclasses), picking the models (the embedded
+default pair when none is named; --target/--draft HF directories; --engine-dir a finished build through
+build.artifacts.load_built_pair; --url a running server through serve.client.generate_remote) and the output:
+the text (or, with --json, ONE JSON object {"text", "token_ids", "stats"}) on stdout, everything else on stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from dspark_trt.errors import InvalidArgumentError
+from dspark_trt.spec.loop import LoopConfig
+from dspark_trt.spec.protocols import SamplingParams
+from dspark_trt.spec.scheduler import POLICIES, PolicyConfig
+
+log = logging.getLogger("dspark_trt.generate")
+
+_POL = PolicyConfig()
+_SAMPLING = SamplingParams()
+_LOOP = LoopConfig()
+DTYPES = ("bfloat16", "float16", "float32")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompt", required=True, help="the prompt text")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
+    p.add_argument("--policy", choices=POLICIES, default=_POL.policy, help=f"K policy (default {_POL.policy})")
+    p.add_argument("--k", type=int, default=_POL.k, help=f"verify length for --policy fixed (default {_POL.k})")
+    p.add_argument("--gamma", type=int, default=None,
+                   help=f"draft block size γ (default: the drafter's own, else {_LOOP.gamma})")
+    p.add_argument("--min-k", type=int, default=_POL.min_k, help=f"seed policy lower K (default {_POL.min_k})")
+    p.add_argument("--max-k", type=int, default=None, help="seed/survival upper K (default γ)")
+    p.add_argument("--draft-stop", type=float, default=_POL.draft_stop,
+                   help="draft-side early stop: cut where cumulative draft confidence < this (0 = off)")
+    p.add_argument("--temperature", type=float, default=_SAMPLING.temperature, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=_SAMPLING.top_p, help="nucleus sampling mass (default 1.0)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed (reproducible output)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    p.add_argument("--json", action="store_true", help="print one JSON object {text, token_ids, stats}")
+    p.add_argument("--target", type=Path, default=None, help="target HF checkpoint dir (default: embedded SmolLM2)")
+    p.add_argument("--draft", type=Path, default=None,
+                   help="draft checkpoint dir (DSpark, PARD or LM; default: the shipped DSpark drafter)")
+    p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="runtime dtype (default bfloat16)")
+    p.add_argument("--engine-dir", type=Path, default=None, help="a finished `dspark-trt build` directory")
+    p.add_argument("--url", default=None, help="HOST:PORT of a running `dspark-trt serve` (Triton)")
+    p.add_argument("--protocol", choices=("http", "grpc"), default="http", help="with --url (default http)")
+    p.add_argument("--stream", action="store_true", help="with --url: stream text to stderr as it arrives")
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.max_new_tokens < 1:
+        raise InvalidArgumentError(f"--max-new-tokens must be ≥ 1, got {args.max_new_tokens}")
+    if args.gamma is not None and not 1 <= args.gamma <= 64:
+        raise InvalidArgumentError(f"--gamma must be in [1, 64], got {args.gamma}")
+    if args.temperature < 0:
+        raise InvalidArgumentError(f"--temperature must be ≥ 0 (0 = greedy), got {args.temperature}")
+    if not 0 < args.top_p <= 1:
+        raise InvalidArgumentError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.url and (args.engine_dir or args.target or args.draft):
+        raise InvalidArgumentError("--url talks to a running server: drop --engine-dir/--target/--draft")
+    if args.engine_dir and (args.target or args.draft):
+        raise InvalidArgumentError("--engine-dir brings its own models: drop --target/--draft")
+    if args.stream and not args.url:
+        raise InvalidArgumentError("--stream needs --url (in-process generation prints the whole result)")
+
+
+def _remote(args: argparse.Namespace) -> dict[str, Any]:
+    from dspark_trt.serve.client import generate_remote
+
+    def on_text(piece: str) -> None:
+        sys.stderr.write(piece)
+        sys.stderr.flush()
+
+    return generate_remote(args.url, args.prompt, max_tokens=args.max_new_tokens, protocol=args.protocol,
+                           stream=args.stream, policy=args.policy, min_k=args.min_k, max_k=args.max_k,
+                           temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                           apply_chat_template=args.chat or None, on_text=on_text if args.stream else None)
+
+
+def _models(args: argparse.Namespace) -> tuple[Any, Any, Any, int | None]:
+    """(target, draft or None, tokenizer, drafter γ or None) for in-process generation."""
+    if args.engine_dir:
+        from dspark_trt.build.artifacts import load_built_pair
+
+        pair = load_built_pair(args.engine_dir)
+        return pair.target, pair.drafter, pair.tokenizer, int(pair.spec.max_draft_len)
+    from dspark_trt.runtime.hf_loader import load_tokenizer
+
+    target_dir = args.target
+    if target_dir is None:
+        from dspark_trt.runtime.default_model import default_target_dir
+
+        target_dir = default_target_dir()
+    draft_dir = args.draft
+    if draft_dir is None and args.target is None and args.policy != "plain":
+        from dspark_trt.errors import DrafterError
+        from dspark_trt.runtime.drafters import default_drafter_dir
+
+        try:
+            draft_dir = default_drafter_dir()
+        except DrafterError as exc:  # documented fallback: plain decoding on the default target
+            log.warning("%s -- falling back to plain decoding (--policy plain)", exc)
+            args.policy = "plain"
+    if draft_dir is None and args.policy != "plain":
+        raise InvalidArgumentError(f"--policy {args.policy} needs a drafter: pass --draft DIR (or --policy plain)")
+    return target_dir, draft_dir, load_tokenizer(target_dir), None
+
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
+    if args.url:
+        out = _remote(args)
+        if args.stream:
+            sys.stderr.write("\n")
+        print(json.dumps(out) if args.json else out.get("text", ""))
+        return 0
+    import torch
+
+    from dspark_trt.engine import SpeculativeDecodingEngine
+
+    target, draft, tok, built_gamma = _models(args)
+    ids = _encode(tok, args.prompt, args.chat)
+    gamma = args.gamma or built_gamma or _drafter_gamma(draft) or _LOOP.gamma
+    engine = SpeculativeDecodingEngine(
+        target_model=target, draft_model=draft if args.policy != "plain" else None, tokenizer=tok,
+        max_length=len(ids) + args.max_new_tokens + 1, draft_length=gamma, temperature=args.temperature,
+        top_p=args.top_p, policy=args.policy, dtype=getattr(torch, args.dtype), seed=args.seed,
+        confidence_threshold=args.draft_stop or None, min_k=min(args.min_k, gamma),
+        max_k=args.max_k if args.max_k is not None else gamma)
+    if args.policy == "fixed":
+        engine.with_policy(k=min(args.k, gamma))
+    sp = SamplingParams(args.temperature, args.top_p if args.temperature > 0 else 1.0, args.seed)
+    res = engine.run(ids, args.max_new_tokens, sp)
+    text = tok.decode(res.tokens, skip_special_tokens=True)
+    if args.json:
+        stats = res.stats.summary()
+        stats["speedup_estimate"] = engine.stats["speedup"]
+        stats["tokens_per_s"] = engine.stats["tokens_per_s"]
+        print(json.dumps({"text": text, "token_ids": res.tokens, "finish_reason": res.finish_reason, "stats": stats}))
+    else:
+        print(text)
+        s = engine.stats
+        log.info("%d tokens, %d target calls, τ=%.2f, accepted %d/%d drafted, %.1f tok/s (%s policy, γ=%d)",
+                 s["total_tokens"], s["target_calls"], s["tau"], s["accepted_tokens"], s["drafted_tokens"],
+                 s["tokens_per_s"], args.policy, gamma)
+    return 0
+
+
+def _drafter_gamma(draft: Any) -> int | None:
+    """γ recorded in a draft checkpoint dir (block_size / pard_gamma), if any."""
+    if draft is None:
+        return None
+    if hasattr(draft, "gamma"):
+        return int(draft.gamma)
+    cfg = Path(draft) / "config.json"
+    if cfg.is_file():
+        raw = json.loads(cfg.read_text())
+        g = raw.get("block_size") or raw.get("pard_gamma")
+        return int(g) if g else None
+    return None
+
+
+def _encode(tok: Any, prompt: str, chat: bool) -> list[int]:
+    if chat:
+        if not getattr(tok, "chat_template", None):
+            raise InvalidArgumentError("--chat needs a tokenizer with a chat template; drop --chat for raw prompts")
+        ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                      tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
+    ids = tok.encode(prompt, add_special_tokens=True)
+    if not ids:
+        raise InvalidArgumentError("--prompt encodes to zero tokens; pass a non-empty prompt")
+    return [int(t) for t in ids]
+

@@ -1,0 +1,294 @@
+"""`SpeculativeDecodingEngine`: the seed-003 Python API over the reference runtime and spec.loop.
+
+Owns argument validation (InvalidArgumentError naming the argument and its valid range), turning what the
+user passes (Hugging Face model objects, checkpoint directories, runtime CausalLM / Drafter objects) into a
+runtime backend, the vocabulary check between draft and target (VocabularyMismatchError), mapping the seed's
+knobs (draft_length, use_confidence_scheduling, confidence_threshold) onto spec policies, and the `.stats`
+dict. The algorithm lives in dspark_trt.spec; model execution in dspark_trt.runtime (imported lazily).
+
+    engine = SpeculativeDecodingEngine(target_model=target, draft_model=draft, tokenizer=tok, max_length=512,
+                                       draft_length=5, temperature=0.8, top_p=0.95)
+    out = engine.generate(input_ids=ids, max_new_tokens=256, do_sample=True)  # [1, prompt + new]
+    engine.stats  # total_tokens, target_calls, draft_calls, accepted_tokens, drafted_tokens, speedup, ...
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from dspark_trt.errors import InvalidArgumentError, VocabularyMismatchError
+from dspark_trt.spec.loop import GenerateResult, LoopConfig
+from dspark_trt.spec.loop import generate as loop_generate
+from dspark_trt.spec.protocols import SamplingParams
+from dspark_trt.spec.scheduler import POLICIES, CostTable, PolicyConfig
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SpeculativeDecodingEngine", "build_backend", "to_runtime_model"]
+
+VOCAB_MSG = "The draft model and target model must have the same vocabulary"
+
+
+def _bad(name: str, value: object, valid: str) -> InvalidArgumentError:
+    return InvalidArgumentError(f"{name}={value!r} is invalid: {name} must be {valid}")
+
+
+def _is_hf_model(m: object) -> bool:
+    return hasattr(m, "state_dict") and hasattr(m, "config") and hasattr(m.config, "to_dict")
+
+
+def to_runtime_model(model: Any, dtype: torch.dtype | None = None) -> Any:
+    """A runtime CausalLM from a checkpoint path, an in-memory HF causal LM, or a CausalLM (returned as is)."""
+    from dspark_trt.runtime.config import ModelConfig
+    from dspark_trt.runtime.hf_loader import hf_to_trtllm_names, load_hf_checkpoint
+    from dspark_trt.runtime.model import CausalLM
+
+    if isinstance(model, CausalLM):
+        return model
+    if isinstance(model, (str, Path)):
+        return load_hf_checkpoint(model, dtype=dtype or torch.bfloat16)
+    if _is_hf_model(model):
+        gen = getattr(model, "generation_config", None)
+        gen_d = gen.to_dict() if gen is not None and hasattr(gen, "to_dict") else None
+        cfg = ModelConfig.from_hf(model.config.to_dict(), gen_d)
+        state = {k: v.detach() for k, v in model.state_dict().items()}
+        dt = dtype or next(iter(state.values())).dtype
+        rt = CausalLM(cfg, dtype=dt)
+        if cfg.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        rt.load_trtllm_state_dict(hf_to_trtllm_names(state, cfg, type(model).__name__),
+                                  source=f"in-memory {type(model).__name__}")
+        return rt.eval()
+    raise InvalidArgumentError(f"target_model/draft_model must be a Hugging Face causal LM, a checkpoint directory "
+                               f"or a dspark_trt runtime model; got {type(model).__name__}")
+
+
+def _eos_set(cfg: Any) -> set[int]:
+    ids = getattr(cfg, "eos_token_ids", None) or getattr(cfg, "eos_token_id", None)
+    if ids is None:
+        return set()
+    return {int(i) for i in (ids if isinstance(ids, (list, tuple, set)) else [ids])}
+
+
+def check_vocabularies(draft_cfg: Any, target_cfg: Any) -> None:
+    """VocabularyMismatchError when sizes or EOS ids of two model configs differ."""
+    problems = []
+    dv, tv = int(draft_cfg.vocab_size), int(target_cfg.vocab_size)
+    if dv != tv:
+        problems.append(f"vocabulary sizes differ (draft {dv}, target {tv})")
+    de, te = _eos_set(draft_cfg), _eos_set(target_cfg)
+    if de and te and not de & te:
+        problems.append(f"eos token ids differ (draft {sorted(de)}, target {sorted(te)})")
+    if problems:
+        raise VocabularyMismatchError(f"{VOCAB_MSG}: " + "; ".join(problems)
+                                      + ". Fix: use a draft model trained with the target's tokenizer.")
+
+
+def _to_drafter(draft: Any, target: Any, gamma: int, dtype: torch.dtype | None, target_dir: Path | None) -> Any:
+    """A spec.protocols.Drafter from a path / HF model / runtime model / Drafter."""
+    from dspark_trt.runtime.drafters import LMDrafter, load_drafter
+
+    if hasattr(draft, "propose") and hasattr(draft, "extend_context"):
+        return draft
+    if isinstance(draft, (str, Path)):
+        return load_drafter(Path(draft), target, dtype=dtype or target.dtype, target_dir=target_dir, gamma=gamma)
+    if _is_hf_model(draft):
+        check_vocabularies(draft.config, target.config)
+    rt = to_runtime_model(draft, dtype or target.dtype)
+    check_vocabularies(rt.config, target.config)
+    return LMDrafter(rt, gamma=gamma)
+
+
+def build_backend(target: Any, drafter: Any | None, max_batch: int, max_seq: int) -> Any:
+    """The runtime's spec.protocols.Backend (dspark_trt.runtime.backend.SpecBackend)."""
+    from dspark_trt.runtime.backend import SpecBackend
+
+    return SpecBackend(target, drafter, max_batch=max_batch, max_seq=max_seq)
+
+
+class _Timed:
+    """Backend proxy that measures wall time spent in target forwards and in the drafter."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.target_s = 0.0
+        self.draft_s = 0.0
+        self.verify_n = 0
+        self.draft_n = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def verify(self, *a: Any, **kw: Any) -> torch.Tensor:
+        t = time.perf_counter()
+        try:
+            return self._inner.verify(*a, **kw)
+        finally:
+            self.target_s += time.perf_counter() - t
+            self.verify_n += 1
+
+    def draft(self, *a: Any, **kw: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return self._inner.draft(*a, **kw)
+        finally:
+            self.draft_s += time.perf_counter() - t
+            self.draft_n += 1
+
+
+class SpeculativeDecodingEngine:
+    """DSpark speculative decoding for one request at a time (seed 003 API); lossless w.r.t. the target.
+
+    Args (validated; InvalidArgumentError names the argument and its range):
+      target_model: HF causal LM object, HF checkpoint directory, or runtime CausalLM (Llama family).
+      draft_model: HF causal LM / directory (autoregressive LM drafter, or a DSpark / PARD drafter directory) or
+        a runtime Drafter; None → plain decoding.
+      tokenizer: HF tokenizer (optional; read from the target directory when that is a path). Gives eos ids.
+      max_length: most tokens per sequence, prompt included (≥ 2).
+      draft_length: γ, the draft block size and the largest K (1..64).
+      temperature (≥ 0; 0 = greedy), top_p ((0, 1]): the sampling settings used by BOTH drafter and target.
+      use_confidence_scheduling: True → the seed-000 K policy (min_k = min(2, γ), max_k = γ); False → fixed K = γ.
+      confidence_threshold: draft-side early stop in [0, 1): cut the block where the drafter's cumulative
+        confidence Π c_i drops below it (needs a drafter with a confidence head; ignored otherwise). None = off.
+      policy: override the K policy ("plain", "fixed", "seed", "survival"); dtype: runtime dtype; seed: RNG seed
+        for sampling (None = random per call); cost_table: survival policy's cost table.
+    """
+
+    def __init__(self, target_model: Any, draft_model: Any | None = None, tokenizer: Any | None = None,
+                 max_length: int = 512, draft_length: int = 5, temperature: float = 0.0, top_p: float = 1.0,
+                 use_confidence_scheduling: bool = True, confidence_threshold: float | None = None,
+                 policy: str | None = None, dtype: torch.dtype | None = None, seed: int | None = None,
+                 cost_table: CostTable | None = None, min_k: int | None = None, max_k: int | None = None) -> None:
+        if not isinstance(max_length, int) or max_length < 2:
+            raise _bad("max_length", max_length, "an integer ≥ 2 (prompt + generated tokens)")
+        if not isinstance(draft_length, int) or not 1 <= draft_length <= 64:
+            raise _bad("draft_length", draft_length, "an integer in [1, 64]")
+        if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
+            raise _bad("temperature", temperature, "a finite number ≥ 0 (0 = greedy)")
+        if not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
+            raise _bad("top_p", top_p, "a number in (0, 1]")
+        if confidence_threshold is not None and not 0.0 <= confidence_threshold < 1.0:
+            raise _bad("confidence_threshold", confidence_threshold, "None or a number in [0, 1)")
+        if policy is not None and policy not in POLICIES:
+            raise _bad("policy", policy, f"one of {', '.join(POLICIES)}")
+        self.max_length, self.draft_length = max_length, draft_length
+        self.temperature, self.top_p, self.seed = float(temperature), float(top_p), seed
+        target_dir = Path(target_model) if isinstance(target_model, (str, Path)) else None
+        self.target = to_runtime_model(target_model, dtype)
+        if tokenizer is None and target_dir is not None:
+            from dspark_trt.runtime.hf_loader import load_tokenizer
+
+            tokenizer = load_tokenizer(target_dir)
+        self.tokenizer = tokenizer
+        self.drafter = None if draft_model is None else _to_drafter(draft_model, self.target, draft_length, dtype,
+                                                                    target_dir)
+        name = policy or ("plain" if self.drafter is None else "seed" if use_confidence_scheduling else "fixed")
+        if name != "plain" and self.drafter is None:
+            raise InvalidArgumentError(f"policy {name!r} needs a draft_model; pass one or use policy='plain'")
+        lo = min(2, draft_length) if min_k is None else min_k
+        self.policy = PolicyConfig(policy=name, k=draft_length, min_k=lo, max_k=draft_length if max_k is None else max_k,
+                                   draft_stop=confidence_threshold or 0.0)
+        self.loop_config = LoopConfig(gamma=draft_length, cost_table=cost_table or CostTable.linear())
+        self._backend = _Timed(build_backend(self.target, self.drafter, 1, max_length + draft_length + 2))
+        self.eos_ids = tuple(sorted(_eos_set(self.target.config)
+                                    | ({int(tokenizer.eos_token_id)} if getattr(tokenizer, "eos_token_id", None)
+                                       is not None else set())))
+        self.last_result: GenerateResult | None = None
+        self._stats: dict[str, Any] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return self.target.embed_tokens.weight.device
+
+    def run(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: SamplingParams | None = None,
+            policy: PolicyConfig | None = None, stop_sequences: Sequence[Sequence[int]] = ()) -> GenerateResult:
+        """One request through spec.loop → GenerateResult (tokens, finish_reason, SpecStats); updates .stats."""
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise _bad("max_new_tokens", max_new_tokens, "an integer ≥ 1")
+        room = self.max_length - len(prompt_ids)
+        if room < 1:
+            raise InvalidArgumentError(f"the prompt has {len(prompt_ids)} tokens but max_length={self.max_length}; "
+                                       f"raise max_length above the prompt length or shorten the prompt")
+        sp = sampling or SamplingParams(self.temperature, self.top_p, self.seed)
+        b = self._backend
+        t0, d0, v0, n0 = b.target_s, b.draft_s, b.verify_n, b.draft_n
+        start = time.perf_counter()
+        res = loop_generate(b, prompt_ids, min(max_new_tokens, room), sp, policy or self.policy, self.eos_ids,
+                            stop_sequences, self.loop_config)
+        wall = time.perf_counter() - start
+        self.last_result = res
+        self._stats = self._summarise(res, wall, b.target_s - t0, b.verify_n - v0, b.draft_s - d0, b.draft_n - n0)
+        return res
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor | Sequence[int], max_new_tokens: int = 128,
+                 do_sample: bool | None = None, **kw: Any) -> torch.Tensor:
+        """input_ids [1, n] (or a list of ids) → token ids [1, n + new] (prompt included, like HF generate).
+        do_sample=False forces greedy; True samples at the engine's temperature/top_p (temperature 0 → 1.0);
+        None samples iff temperature > 0. Extra kwargs: temperature, top_p, seed override the engine's."""
+        ids = torch.as_tensor(input_ids)
+        if ids.dim() == 1:
+            ids = ids.unsqueeze(0)
+        if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] == 0:
+            raise _bad("input_ids", tuple(ids.shape), "a non-empty [1, n] tensor (one sequence; batch with "
+                                                      "dspark_trt.spec.loop.RoundScheduler)")
+        unknown = set(kw) - {"temperature", "top_p", "seed"}
+        if unknown:
+            raise InvalidArgumentError(f"unknown generate() arguments {sorted(unknown)}; valid: input_ids, "
+                                       f"max_new_tokens, do_sample, temperature, top_p, seed")
+        temp = float(kw.get("temperature", self.temperature))
+        top_p = float(kw.get("top_p", self.top_p))
+        if temp < 0 or not math.isfinite(temp):
+            raise _bad("temperature", temp, "a finite number ≥ 0")
+        if not 0.0 < top_p <= 1.0:
+            raise _bad("top_p", top_p, "a number in (0, 1]")
+        sample = temp > 0 if do_sample is None else bool(do_sample)
+        sp = SamplingParams(temperature=(temp or 1.0) if sample else 0.0, top_p=top_p if sample else 1.0,
+                            seed=kw.get("seed", self.seed))
+        prompt = [int(t) for t in ids[0].tolist()]
+        res = self.run(prompt, max_new_tokens, sp)
+        return torch.tensor([prompt + res.tokens], dtype=torch.long, device=ids.device)
+
+    def _summarise(self, res: GenerateResult, wall: float, target_s: float, verify_n: int, draft_s: float,
+                   draft_n: int) -> dict[str, Any]:
+        s = res.stats
+        rounds = max(s.verify_calls, 1)
+        t_target = target_s / verify_n if verify_n else 0.0  # mean verify forward
+        t_draft = draft_s / rounds  # drafter time per round
+        speedup = (s.committed_tokens - s.prefill_calls) / rounds * t_target / (t_target + t_draft) \
+            if t_target > 0 else 1.0
+        return {
+            "total_tokens": s.committed_tokens, "target_calls": s.target_calls, "draft_calls": s.draft_calls,
+            "accepted_tokens": s.accepted_tokens, "drafted_tokens": s.drafted_tokens,
+            "acceptance_rate": round(s.acceptance_rate, 4), "tau": round(s.tau, 4),
+            "speedup": round(speedup, 3), "draft_failures": s.draft_failures,
+            "first_token_rejection_rate": round(s.first_token_rejection_rate, 4),
+            "acceptance_per_position": [round(x, 4) for x in s.acceptance_per_position()],
+            "wall_s": round(wall, 4), "tokens_per_s": round(s.committed_tokens / wall, 2) if wall > 0 else 0.0,
+            "finish_reason": res.finish_reason,
+        }
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Stats of the LAST generate()/run() call.
+
+        total_tokens: generated tokens; target_calls: target forwards (prefill + one verify per round);
+        draft_calls: drafter passes; drafted_tokens: draft tokens the target verified (Σ K); accepted_tokens: of
+        those, accepted; tau: total_tokens / target_calls.
+        speedup (an estimate, not a measurement against a baseline run): τ_r · T_v / (T_v + T_d), where
+        τ_r = tokens committed per verify round, T_v = measured mean wall time of a verify forward and
+        T_d = measured drafter wall time per round. It assumes a plain decoding step costs as much as a verify
+        forward (true when decoding is memory-bound; optimistic on CPU, where verifying K+1 tokens costs more).
+        For a measured speed-up run `dspark-trt bench`."""
+        return dict(self._stats)
+
+    def with_policy(self, **changes: Any) -> "SpeculativeDecodingEngine":
+        """Change policy fields in place (e.g. with_policy(policy="survival")); returns self."""
+        self.policy = replace(self.policy, **changes)
+        return self
