@@ -145,3 +145,28 @@ def test_top_p_is_rejected(interpreted_kernels: ModuleType) -> None:
     assert not interpreted_kernels.supports_sampling(a["top_p"])
     with pytest.raises(InvalidArgumentError):
         interpreted_kernels.sample_accept(**a)
+
+
+@pytest.mark.parametrize("eps", [1e-3, -1e-3])
+def test_sampling_acceptance_boundary(interpreted_kernels: ModuleType, eps: float) -> None:
+    """q(d) set 0.1 % above / below p(d)/u: the kernel must reject / accept exactly like the reference."""
+    from dspark_trt.spec import rng
+
+    b, v = 8, 300
+    g = torch.Generator().manual_seed(11)
+    logits = torch.randn(b, 2, v, generator=g)  # [B, 2, V]
+    temperature, seeds = torch.full((b,), 0.9), torch.randint(0, 2**32, (b,), generator=g)
+    positions = torch.randint(0, 1000, (b,), generator=g)
+    p = ref.target_probs(logits[:, 0], temperature, 1.0)  # [B, V]
+    draft = p.argmin(-1, keepdim=True)  # small p(d) so that q(d) = p(d)/u stays < 1
+    u = rng.uniform(seeds, positions, rng.STREAM_ACCEPT)  # [B]
+    q_d = p.gather(1, draft).squeeze(1) / u * (1 + eps)
+    q = torch.full((b, 1, v), 1.0)
+    q[:, 0].scatter_(1, draft, 0.0)
+    q = q / q.sum(-1, keepdim=True) * (1 - q_d).view(b, 1, 1)
+    q[:, 0].scatter_(1, draft, q_d.unsqueeze(1))
+    a = dict(logits=logits, draft=draft, q=q, k=torch.ones(b, dtype=torch.long), temperature=temperature,
+             top_p=torch.ones(b), seeds=seeds, positions=positions)
+    got, want = interpreted_kernels.sample_accept(**a), ref.sample_accept(**a)
+    assert want.accepted.tolist() == ([0] * b if eps > 0 else [1] * b)
+    _assert_same(got, want)
