@@ -1,0 +1,56 @@
+"""dspark_trt.engine: seed-003 API — argument validation, vocabulary check, HF-object conversion, generate."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dspark_trt.engine import SpeculativeDecodingEngine, to_runtime_model
+from dspark_trt.errors import InvalidArgumentError, VocabularyMismatchError
+
+
+@pytest.fixture(scope="module")
+def hf_pair(tiny_pair):  # noqa: ANN001, ANN201
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    load = lambda p: AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval()  # noqa: E731
+    return load(tiny_pair.target), load(tiny_pair.draft), AutoTokenizer.from_pretrained(tiny_pair.tokenizer)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"max_length": 1}, r"max_length=1 is invalid: max_length must be an integer ≥ 2"),
+    ({"draft_length": 0}, r"draft_length=0 .* \[1, 64\]"),
+    ({"draft_length": 65}, r"draft_length=65 .* \[1, 64\]"),
+    ({"temperature": -0.5}, r"temperature=-0.5 .* ≥ 0"),
+    ({"top_p": 0.0}, r"top_p=0.0 .* \(0, 1\]"),
+    ({"top_p": 1.5}, r"top_p=1.5 .* \(0, 1\]"),
+    ({"confidence_threshold": 1.0}, r"confidence_threshold=1.0 .* \[0, 1\)"),
+    ({"policy": "turbo"}, r"policy='turbo' .* plain, fixed, seed, survival"),
+])
+def test_bad_arguments_name_the_argument_and_range(hf_pair, kw, match) -> None:
+    target, draft, tok = hf_pair
+    with pytest.raises(InvalidArgumentError, match=match):
+        SpeculativeDecodingEngine(target_model=target, draft_model=draft, tokenizer=tok, **kw)
+
+
+def test_vocabulary_mismatch_is_reported(hf_pair) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    target, _, tok = hf_pair
+    other = LlamaForCausalLM(LlamaConfig(vocab_size=600, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2,
+                                         eos_token_id=target.config.eos_token_id))
+    with pytest.raises(VocabularyMismatchError,
+                       match=r"^The draft model and target model must have the same vocabulary: .*draft 600, target 512"):
+        SpeculativeDecodingEngine(target_model=target, draft_model=other, tokenizer=tok)
+
+
+def test_hf_objects_convert_exactly(hf_pair, tiny_pair) -> None:
+    from transformers import AutoModelForCausalLM
+
+    for hf in (hf_pair[0], AutoModelForCausalLM.from_pretrained(tiny_pair.qwen2, dtype=torch.float32).eval()):
+        rt = to_runtime_model(hf)
+        ids = torch.tensor([[5, 100, 200, 33, 7]])
+        out = rt(ids, rt.new_cache(1, 16), torch.tensor([0])).logits
+        assert torch.allclose(out, hf(ids).logits, atol=1e-5)
+    with pytest.raises(InvalidArgumentError, match="must be a Hugging Face causal LM"):
+        to_runtime_model(42)
