@@ -1,0 +1,81 @@
+"""Stage 5, model repository: fill the serve engineer's model_repo/ templates into build/NAME/model_repo.
+
+Owns the `${KEY}` substitution (keys per docs/CONTRACTS.md: BUILD_DIR, MAX_BATCH_SIZE, GAMMA, POLICY, MIN_K,
+MAX_K, MAX_SEQ_LEN, MAX_QUEUE) over every config.pbtxt; other files are copied verbatim. An unknown key,
+or any `${` left after filling, is a BuildError naming the file. Must not know what the models do.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from pathlib import Path
+
+from dspark_trt.build.spec import BuildSpec
+from dspark_trt.errors import BuildError
+
+log = logging.getLogger(__name__)
+
+TEMPLATE_KEYS: tuple[str, ...] = ("BUILD_DIR", "MAX_BATCH_SIZE", "GAMMA", "POLICY", "MIN_K", "MAX_K", "MAX_SEQ_LEN",
+                                  "MAX_QUEUE")
+TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "model_repo"
+_KEY = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+FILLED_SUFFIXES = (".pbtxt",)
+
+
+def template_values(spec: BuildSpec, build_dir: Path) -> dict[str, str]:
+    return {"BUILD_DIR": str(Path(build_dir).resolve()), "MAX_BATCH_SIZE": str(spec.max_batch_size),
+            "GAMMA": str(spec.gamma), "POLICY": spec.policy, "MIN_K": str(spec.min_k),
+            "MAX_K": str(spec.effective_max_k), "MAX_SEQ_LEN": str(spec.max_seq_len), "MAX_QUEUE": str(spec.max_queue)}
+
+
+def fill_text(text: str, values: dict[str, str], where: str) -> str:
+    """Substitute ${KEY}; BuildError on an unknown key or a `${` left over."""
+    def sub(m: re.Match[str]) -> str:
+        key = m.group(1)
+        if key not in values:
+            raise BuildError(f"Unknown template key ${{{key}}} in {where}; known keys: {', '.join(sorted(values))}. "
+                             f"Fix the template (model_repo/ is the serve engineer's) or add the key to the contract.")
+        return values[key]
+
+    out = _KEY.sub(sub, text)
+    if "${" in out:
+        line = next(i for i, ln in enumerate(out.splitlines(), 1) if "${" in ln)
+        raise BuildError(f"Malformed template placeholder left in {where} line {line} (a `${{` not of the form "
+                         f"${{KEY}}); fix the template.")
+    return out
+
+
+def fill_model_repo(spec: BuildSpec, build_dir: Path, template: Path = TEMPLATE_DIR) -> dict[str, object]:
+    """Copy + fill template → build_dir/model_repo (replaced atomically); returns manifest facts."""
+    if not template.is_dir():
+        raise BuildError(f"The model repository templates are missing at {template}; restore model_repo/ from git.")
+    values = template_values(spec, build_dir)
+    dest = Path(build_dir) / "model_repo"
+    tmp = Path(build_dir) / ".model_repo.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    filled: list[str] = []
+    try:
+        for src in sorted(template.rglob("*")):
+            if "__pycache__" in src.parts or src.suffix == ".pyc":
+                continue
+            rel = src.relative_to(template)
+            dst = tmp / rel
+            if src.is_dir():
+                dst.mkdir(parents=True, exist_ok=True)
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.suffix in FILLED_SUFFIXES:
+                dst.write_text(fill_text(src.read_text(), values, str(src)))
+                filled.append(str(rel))
+            else:
+                shutil.copy2(src, dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if dest.exists():
+        shutil.rmtree(dest)
+    tmp.rename(dest)
+    log.info("model repository written to %s (%d templates filled)", dest, len(filled))
+    return {"path": "model_repo", "filled": filled, "values": values}

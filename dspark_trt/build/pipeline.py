@@ -1,0 +1,253 @@
+"""The build pipeline: stages in order, each with a tqdm bar, timings, and a manifest record.
+
+Stages: validate → quantize (ModelOpt, in memory) → export (TRT-LLM checkpoints + tokenizer) → verify
+(the reference runtime runs the exported files: quality vs the unquantized Hugging Face model, decode
+speed) → engines (trtllm.py) → model_repo. quantize+export are skipped together when the export key
+(hash of input checkpoint files, calibration text and every flag that shapes the checkpoint) matches the
+manifest and the outputs exist; later stages chain their keys on the earlier ones. Must not import
+tensorrt_llm (only trtllm.py does).
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from tqdm import tqdm
+
+from dspark_trt.build import calib as calib_mod
+from dspark_trt.build.manifest import Manifest, StageRecord, hash_dir, hash_file, hash_json, package_versions
+from dspark_trt.build.spec import BuildSpec
+from dspark_trt.build.validate import ValidatedPair, validate
+
+log = logging.getLogger(__name__)
+
+EXPORT_VERSION = 3  # bump when the export format changes (invalidates old builds)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "tokenizer.model", "vocab.json", "merges.txt", "generation_config.json")
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class _Stage:
+    """Context: a tqdm bar + timing for one stage."""
+
+    def __init__(self, name: str, total: int, quiet: bool) -> None:
+        self.name, self.t0 = name, time.perf_counter()
+        self.bar = tqdm(total=total, desc=f"{name:<10}", unit="step", disable=quiet, leave=True)
+
+    def step(self, n: int = 1, note: str | None = None) -> None:
+        if note:
+            self.bar.set_postfix_str(note)
+        self.bar.update(n)
+
+    def close(self) -> float:
+        self.bar.close()
+        return round(time.perf_counter() - self.t0, 3)
+
+
+class BuildPipeline:
+    """Runs `dspark-trt build` for one BuildSpec into build_dir."""
+
+    def __init__(self, spec: BuildSpec, quiet: bool = False) -> None:
+        self.spec = spec
+        self.out = Path(spec.output).expanduser().resolve()
+        self.quiet = quiet
+        self.manifest = Manifest(self.out)
+
+    # ------------------------------------------------------------------ helpers
+    def _skip(self, name: str, key: str) -> bool:
+        if self.manifest.up_to_date(name, key):
+            log.info("stage %s unchanged (key %s): skipped", name, key)
+            self.manifest.mark_skipped(name, True)
+            return True
+        return False
+
+    def _record(self, name: str, key: str, outputs: dict[str, Any], seconds: float) -> None:
+        self.manifest.record(name, StageRecord(key=key, outputs=outputs, seconds=seconds, finished_at=_now()))
+        self.manifest.save()
+
+    # ------------------------------------------------------------------ run
+    def run(self) -> dict[str, Any]:
+        spec = self.spec
+        self.out.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        st = _Stage("validate", 1, self.quiet)
+        pair = validate(spec, self.out)
+        inputs = {"target": {"path": str(pair.target), "files": hash_dir(pair.target)},
+                  "draft": {"path": str(pair.draft), "kind": pair.draft_kind, "files": hash_dir(pair.draft)}}
+        st.step(1)
+        self.manifest.set("spec", spec.to_dict())
+        self.manifest.set("inputs", inputs)
+        self.manifest.set("packages", package_versions())
+        self._record("validate", hash_json(inputs), {"target_arch": pair.target_arch, "draft_kind": pair.draft_kind,
+                                                      "draft_arch": pair.draft_arch, "input_bytes": pair.input_bytes},
+                     st.close())
+
+        export_key = hash_json({"v": EXPORT_VERSION, "inputs": inputs, "calib": [hash_file(calib_mod.CALIB_DIR / n) for n in
+                                ("calib.txt", "heldout.txt")], "modelopt": self.manifest.data["packages"].get("nvidia-modelopt"),
+                                **{k: getattr(spec, k) for k in ("dtype", "quant", "kv_quant", "tp_size", "calib_samples",
+                                                                 "calib_seq_len", "eval_tokens")}})
+        if not (self._skip("quantize", export_key) and self._skip("export", export_key)):
+            self._quantize_and_export(pair, export_key)
+        verify_key = hash_json({"export": export_key, "v": EXPORT_VERSION})
+        if not self._skip("verify", verify_key):
+            self._verify(pair, verify_key)
+        engines_key = hash_json({"export": export_key, **{k: getattr(spec, k) for k in (
+            "max_draft_len", "max_batch_size", "max_seq_len", "build_engines")}})
+        if not self._skip("engines", engines_key):
+            self._engines(pair, engines_key)
+        from dspark_trt.build.model_repo import TEMPLATE_DIR, fill_model_repo, template_values
+
+        repo_key = hash_json({"templates": {str(p.relative_to(TEMPLATE_DIR)): hash_file(p)
+                                            for p in sorted(TEMPLATE_DIR.rglob("*")) if p.is_file() and p.suffix != ".pyc"}
+                              if TEMPLATE_DIR.is_dir() else {}, "values": template_values(spec, self.out)})
+        if not self._skip("model_repo", repo_key):
+            st = _Stage("model_repo", 1, self.quiet)
+            facts = fill_model_repo(spec, self.out)
+            facts["paths"] = ["model_repo"]
+            st.step(1)
+            self._record("model_repo", repo_key, facts, st.close())
+        self.manifest.set("total_seconds", round(time.perf_counter() - t0, 3))
+        self.manifest.set("quality", {k: self.manifest.data["stages"].get(s, {}).get("outputs", {}).get(k)
+                                      for s, k in (("verify", "target"), ("verify", "draft"),
+                                                   ("quantize", "target_fake_quant"), ("quantize", "draft_fake_quant"))})
+        self.manifest.save()
+        log.info("build finished in %.1f s: %s", time.perf_counter() - t0, self.out)
+        return self.manifest.data
+
+    # ------------------------------------------------------------------ stages
+    def _quantize_and_export(self, pair: ValidatedPair, key: str) -> None:
+        from transformers import AutoTokenizer
+
+        from dspark_trt.build import export as ex
+        from dspark_trt.build import quantize as qz
+
+        spec = self.spec
+        tok = AutoTokenizer.from_pretrained(str(pair.target))
+        calib = calib_mod.calibration_batches(tok, spec.calib_samples, spec.calib_seq_len)  # [N, T]
+        held = calib_mod.heldout_tokens(tok, spec.eval_tokens)  # [M, 128]
+        quantizing = spec.quant != "none" or spec.kv_quant != "none"
+        extra = {"modelopt": package_versions(("nvidia-modelopt",))["nvidia-modelopt"],
+                 "trtllm_pins_modelopt": ex.TRTLLM_PINNED_MODELOPT,
+                 "version_catch": ex.VERSION_CATCH.format(mo=package_versions(("nvidia-modelopt",))["nvidia-modelopt"])}
+        st = _Stage("quantize", 2 * calib.shape[0] if quantizing else 2, self.quiet)
+        models: dict[str, Any] = {}
+        qfacts: dict[str, Any] = {"recipe": qz.modelopt_config(spec.quant, spec.kv_quant) if quantizing else None,
+                                  "calibration": {"sequences": int(calib.shape[0]), "tokens_each": int(calib.shape[1])}}
+        for role, path, arch in (("target", pair.target, pair.target_arch), ("draft", pair.draft, pair.draft_arch)):
+            if role == "draft" and pair.draft_kind == "dspark":
+                models[role] = self._quantize_dspark(pair, calib, st, qfacts) if quantizing else None
+                if not quantizing:
+                    st.step(1)
+                continue
+            from transformers import AutoModelForCausalLM
+
+            m = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+            if quantizing:
+                ref = qz.logits_hf(m, held)
+                qz.quantize_hf(m, spec.quant, spec.kv_quant if role == "target" else "none", calib,
+                               progress=lambda n: st.step(n, role))
+                qfacts[f"{role}_fake_quant"] = qz.quality(ref, qz.logits_hf(m, held), held)
+                qfacts[f"{role}_quantizers"] = qz.quantizer_summary(m)
+            else:
+                st.step(1, role)
+            models[role] = m
+        self._record("quantize", key, qfacts, st.close())
+
+        st = _Stage("export", 3, self.quiet)
+        efacts: dict[str, Any] = {"paths": ["target/checkpoint", "draft/checkpoint", "tokenizer"]}
+        for role, path, arch in (("target", pair.target, pair.target_arch), ("draft", pair.draft, pair.draft_arch)):
+            out = self.out / role / "checkpoint"
+            if out.exists():
+                shutil.rmtree(out)
+            if role == "draft" and pair.draft_kind == "dspark":
+                from dspark_trt.runtime.drafters import load_dspark_model
+
+                model = models[role] if models[role] is not None else load_dspark_model(path, dtype=torch.float32)
+                cfg = ex.export_dspark(model, out, spec, quantized=models[role] is not None, extra=extra)
+            elif spec.dtype == "float32" and not quantizing:
+                cfg = ex.write_unquantized(path, arch, out, spec, extra)
+            else:
+                lm_spec = spec if role == "target" else spec.replace(kv_quant="none")
+                cfg = ex.export_modelopt(models[role], arch, path, out, lm_spec, extra)
+            efacts[role] = {"architecture": cfg["architecture"], "dtype": cfg["dtype"],
+                            "quantization": cfg.get("quantization"), "tp_size": cfg["mapping"]["tp_size"],
+                            "files": hash_dir(out), "writer": (cfg.get("producer") or {}).get("name")}
+            st.step(1, role)
+        tdir = self.out / "tokenizer"
+        tdir.mkdir(parents=True, exist_ok=True)
+        for name in TOKENIZER_FILES:
+            if (pair.target / name).is_file():
+                shutil.copy2(pair.target / name, tdir / name)
+        st.step(1, "tokenizer")
+        efacts["version_catch"] = extra["version_catch"]
+        self._record("export", key, efacts, st.close())
+
+    def _quantize_dspark(self, pair: ValidatedPair, calib: torch.Tensor, st: _Stage, facts: dict[str, Any]) -> Any:
+        """ModelOpt-quantize the DSpark drafter, calibrated on real target features of the calibration text."""
+        from dspark_trt.build.quantize import quantize_dspark, quantizer_summary
+        from dspark_trt.runtime.drafters import DSparkDrafter, load_dspark_model
+        from dspark_trt.runtime.hf_loader import load_hf_checkpoint
+
+        target = load_hf_checkpoint(pair.target, dtype=torch.float32)
+        model = load_dspark_model(pair.draft, dtype=torch.float32)
+        model.attach_target(target.embed_tokens.weight, target.lm_head_weight)
+        taps = tuple(model.cfg.target_layer_ids)
+        gamma = model.cfg.block_size
+        from dspark_trt.spec.protocols import SamplingParams
+
+        def loop(m: torch.nn.Module) -> None:
+            drafter = DSparkDrafter(m)
+            for i in range(calib.shape[0]):
+                seq = calib[i:i + 1]  # [1, T]
+                T = seq.shape[1]
+                cache = target.new_cache(1, T)
+                feats = target(seq, cache, [0], taps=taps, logits="none").hidden  # [1, T, F]
+                drafter.allocate(1, T + gamma + 1)
+                step = max(8, T // 8)
+                for a in range(0, T - 1, step):
+                    b = min(a + step, T - 1)
+                    drafter.extend_context(torch.tensor([0]), seq[:, a:b], torch.tensor([b - a]), feats[:, a:b])
+                    drafter.propose(torch.tensor([0]), seq[:, b], gamma, [SamplingParams()])
+                st.step(1, "draft")
+
+        quantize_dspark(model, self.spec.quant, self.spec.kv_quant, loop)
+        facts["draft_quantizers"] = quantizer_summary(model)
+        return model
+
+    def _verify(self, pair: ValidatedPair, key: str) -> None:
+        from dspark_trt.build.verify import verify_build
+
+        st = _Stage("verify", 2, self.quiet)
+        facts = verify_build(self.out, self.spec, pair, progress=lambda note: st.step(1, note))
+        self._record("verify", key, facts, st.close())
+
+    def _engines(self, pair: ValidatedPair, key: str) -> None:
+        from dspark_trt.build import trtllm
+
+        st = _Stage("engines", 1, self.quiet)
+        tq = (self.manifest.stage("export").outputs.get("target") or {}).get("quantization") or {}
+        dq = (self.manifest.stage("export").outputs.get("draft") or {}).get("quantization") or {}
+        engines = self.out / "engines"
+        if engines.exists():
+            shutil.rmtree(engines)
+        facts = trtllm.build_engines(engines, self.spec, self.out / "target" / "checkpoint",
+                                     self.out / "draft" / "checkpoint", pair.draft_kind, tq.get("quant_algo"),
+                                     dq.get("quant_algo"))
+        facts["paths"] = ["engines"]
+        st.step(1, "built" if facts.get("built") else "plan only")
+        self._record("engines", key, facts, st.close())
+
+
+def run_build(spec: BuildSpec, quiet: bool = False, on_done: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Build and return the manifest dict."""
+    data = BuildPipeline(spec, quiet=quiet).run()
+    if on_done:
+        on_done(data)
+    return data
