@@ -148,3 +148,18 @@ def test_speculative_sampling_matches_target_marginals(ref_backend, tiny_models)
     assert sstats.chisquare(obs.numpy(), (exp / exp.sum() * obs.sum()).numpy()).pvalue > 1e-3
     rounds = be.verify_calls
     assert rounds > 0
+
+
+def test_mixed_greedy_and_sampled_rows_in_one_batch(ref_backend, greedy_oracle, tiny_models) -> None:
+    be = ref_backend("draft", max_batch=3)
+    sched = RoundScheduler(be, LoopConfig(gamma=4))
+    g = sched.add(Request((9, 10, 11), 20, policy=PolicyConfig(policy="seed", max_k=4)))
+    s = sched.add(Request((12, 13), 20, SamplingParams(temperature=1.0, top_p=0.9, seed=5),
+                          PolicyConfig(policy="survival", max_k=4)))
+    out: dict[int, list[int]] = {g: [], s: []}
+    while sched.pending:
+        for ev in sched.step():
+            out[ev.request_id].extend(ev.new_tokens)
+    assert out[g] == greedy_oracle(tiny_models["target"], [9, 10, 11], 20)
+    assert len(out[s]) == 20
+    assert sched.totals.verify_calls > 0 and sched.totals.committed_tokens == 40
