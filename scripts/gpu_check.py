@@ -206,7 +206,33 @@ def bandwidth() -> dict[str, Any]:
     big = [r for r in rows if r["B"] >= 32]
     best = max((r["frac_of_peak"] for r in big), default=0.0)
     return {"peak_GBps": round(peak, 1), "cases": rows, "target_fraction": TARGET_FRACTION,
-            "best_large_fraction": best, "meets_target": best >= TARGET_FRACTION}
+            "best_large_fraction": best, "meets_target": best >= TARGET_FRACTION,
+            "tile_sweep_B64_K8_V128256": _tile_sweep(peak)}
+
+
+def _tile_sweep(peak: float) -> list[dict[str, Any]]:
+    """GB/s of the stats tile/warp/program-count choices at one large shape (tunes plugins/fused_accept/launch.py)."""
+    from plugins import api
+    from plugins.fused_accept import launch
+
+    saved = (launch.BLOCK_V, launch.NUM_WARPS, launch.TARGET_PROGRAMS)
+    logits = torch.randn(64, 9, 128256, device="cuda", dtype=torch.bfloat16)
+    draft = torch.randint(0, 128256, (64, 8), device="cuda")
+    k = torch.full((64,), 8, device="cuda")
+    out = []
+    try:
+        for bv, nw, tp in ((2048, 8, 2048), (2048, 4, 2048), (4096, 8, 2048), (4096, 16, 2048), (1024, 4, 4096),
+                           (2048, 8, 528), (8192, 16, 2048)):
+            if left() < 30:
+                break
+            launch.BLOCK_V, launch.NUM_WARPS, launch.TARGET_PROGRAMS = bv, nw, tp
+            sec = _time_cuda(lambda: api.greedy_accept(logits, draft, k), 30)
+            gbs = logits.numel() * 2 / sec / 1e9
+            out.append(dict(BLOCK_V=bv, num_warps=nw, target_programs=tp, GBps=round(gbs, 1),
+                            frac_of_peak=round(gbs / peak, 3)))
+    finally:
+        launch.BLOCK_V, launch.NUM_WARPS, launch.TARGET_PROGRAMS = saved
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- runtime

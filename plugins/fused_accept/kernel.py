@@ -3,7 +3,7 @@
 Owns two kernels, the launch order and the partial-statistics layout between them:
 
 1. `accept_stats_kernel`, grid (B*(K+1), S): program (row, s) streams V-chunk s of one logits row in BLOCK_V
-   tiles with an online softmax and writes a partial (max x, lowest argmax, second max x, Σ exp(x − max)) where
+   tiles with a lane-wise online softmax (one exp per element, one reduction per program) and writes a partial (max x, lowest argmax, second max x, Σ exp(x − max)) where
    x = logits / T (T = 1 for greedy rows). Splitting V over S programs keeps small batches bandwidth-bound.
 2. `accept_finalize_kernel`, grid (B,): merges the S partials of each position (top-1 probability, top-1 − top-2
    margin, argmax), runs the acceptance chain (greedy: d_j == argmax; sampled: u·q(d) < p(d)), and for sampled rows
@@ -56,26 +56,27 @@ def accept_stats_kernel(
         t = tl.where(t > 0.0, t, 1.0)
         base = logits_ptr + b.to(tl.int64) * stride_lb + j.to(tl.int64) * stride_lk
         offs = tl.arange(0, BLOCK_V)
-        m1 = tl.full((), NEG_INF, tl.float32)
-        m2 = tl.full((), NEG_INF, tl.float32)
-        se = tl.full((), 0.0, tl.float32)
-        i1 = tl.full((), BIG_IDX, tl.int32)
+        # lane-wise running state: no cross-thread reduction inside the loop (one at the end)
+        m_l = tl.full((BLOCK_V,), NEG_INF, tl.float32)  # max of lane
+        m2_l = tl.full((BLOCK_V,), NEG_INF, tl.float32)  # second max of lane (duplicates count)
+        s_l = tl.zeros((BLOCK_V,), tl.float32)  # Σ exp(x − m_l) of lane
+        i_l = tl.full((BLOCK_V,), BIG_IDX, tl.int32)  # lowest index of m_l in lane
         start = split * chunk
         stop = tl.minimum(start + chunk, V)
         for v0 in range(start, stop, BLOCK_V):
             idx = v0 + offs
-            mask = idx < stop
-            x = tl.load(base + idx, mask=mask, other=NEG_INF).to(tl.float32) / t  # [BLOCK_V]
-            tm = tl.max(x, axis=0)
-            ti = tl.min(tl.where(x == tm, idx, BIG_IDX), axis=0)
-            ts = tl.max(tl.where(idx == ti, NEG_INF, x), axis=0)
-            new_m = tl.maximum(m1, tm)
-            alpha = tl.where(m1 == NEG_INF, 0.0, tl.exp(m1 - new_m))
-            se = se * alpha + tl.sum(tl.where(mask, tl.exp(x - new_m), 0.0), axis=0)
-            better = tm > m1
-            m2 = tl.where(better, tl.maximum(m1, ts), tl.maximum(m2, tm))
-            i1 = tl.where(better, ti, i1)
-            m1 = new_m
+            x = tl.load(base + idx, mask=idx < stop, other=NEG_INF).to(tl.float32) / t  # [BLOCK_V]
+            up = x > m_l
+            e = tl.where(x == NEG_INF, 0.0, tl.exp(-tl.abs(x - m_l)))  # exp(m_l − x) if up else exp(x − m_l)
+            s_l = tl.where(up, s_l * e + 1.0, s_l + e)
+            m2_l = tl.where(up, m_l, tl.maximum(m2_l, x))
+            i_l = tl.where(up, idx, i_l)
+            m_l = tl.maximum(m_l, x)
+        m1 = tl.max(m_l, axis=0)
+        i1 = tl.min(tl.where(m_l == m1, i_l, BIG_IDX), axis=0)
+        others = tl.where(i_l == i1, NEG_INF, m_l)  # another lane holding m1 is a duplicate top-1
+        m2 = tl.maximum(tl.max(others, axis=0), tl.max(m2_l, axis=0))
+        se = tl.sum(tl.where(m_l == NEG_INF, 0.0, s_l * tl.exp(m_l - m1)), axis=0)
         tl.store(part_f_ptr + out * 3 + 0, m1)
         tl.store(part_f_ptr + out * 3 + 1, m2)
         tl.store(part_f_ptr + out * 3 + 2, se)

@@ -22,7 +22,7 @@ BLOCK_V = 2048  # tile of the online softmax (elements; 4 KiB of bf16)
 FINAL_BLOCK_V = 1024  # tile of the exponential-race row pass
 NUM_WARPS = 8
 FINAL_NUM_WARPS = 4
-TARGET_PROGRAMS = 528  # ~4 waves of programs on 132 SMs (H200)
+TARGET_PROGRAMS = 2048  # ≥ 2 full waves of 256-thread programs on 132 SMs (H200): balanced tails
 LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
