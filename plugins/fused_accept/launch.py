@@ -36,8 +36,9 @@ class LaunchPlan:
     block_s: int  # next power of two ≥ S
 
 
-def plan(batch: int, kp1: int, vocab: int, target_programs: int = TARGET_PROGRAMS) -> LaunchPlan:
-    """Choose S so that B*(K+1)*S ≈ target_programs without tiles smaller than BLOCK_V."""
+def plan(batch: int, kp1: int, vocab: int, target_programs: int | None = None) -> LaunchPlan:
+    """Choose S so that B*(K+1)*S ≈ target_programs (default TARGET_PROGRAMS) without tiles smaller than BLOCK_V."""
+    target_programs = TARGET_PROGRAMS if target_programs is None else target_programs
     rows = max(batch * kp1, 1)
     tiles = triton.cdiv(vocab, BLOCK_V)
     splits = max(1, min(tiles, triton.cdiv(target_programs, rows)))
