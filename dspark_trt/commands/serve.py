@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import threading
 from pathlib import Path
 from types import FrameType
@@ -41,10 +42,13 @@ def run(args: argparse.Namespace) -> int:
         raise ServeError(f"{repo} is not a built model repository (no ensemble/config.pbtxt); run "
                          "`dspark-trt build --output build/NAME` and pass --repo build/NAME/model_repo")
     stop = threading.Event()
+    ready = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("received %s; stopping tritonserver", signal.Signals(signum).name)
         stop.set()
+        if not ready.is_set():
+            raise KeyboardInterrupt  # abort the readiness wait; start() stops what it began
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     server = TritonServer(repo, http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
@@ -52,13 +56,18 @@ def run(args: argparse.Namespace) -> int:
                           ready_timeout=args.ready_timeout, prefer_system=not args.bundled)
     try:
         server.start()
+        ready.set()
         log.info("serving %s — HTTP %s (POST /v2/models/ensemble/generate[_stream]), gRPC %s, metrics %s; "
                  "Ctrl-C to stop", repo, server.http_url, server.grpc_url, server.metrics_url)
-        print(f"READY http={server.http_url} grpc={server.grpc_url} metrics={server.metrics_url}", flush=True)
+        sys.stdout.write(f"READY http={server.http_url} grpc={server.grpc_url} metrics={server.metrics_url}\n")
+        sys.stdout.flush()
         while not stop.wait(1.0):
             code = server.exit_code()
             if code is not None:
                 raise ServeError(f"tritonserver exited unexpectedly (code {code}); log tail:\n{server.log_tail()}")
+    except KeyboardInterrupt:
+        log.info("interrupted before the server was ready")
+        return 130
     finally:
         server.stop()
         for s, h in old.items():
