@@ -376,3 +376,24 @@ def iter_linears(model: CausalLM) -> Iterable[tuple[str, nn.Module]]:
         yield p + "mlp.fused_fc", layer.mlp.fused_fc
         yield p + "mlp.proj", layer.mlp.proj
     yield "lm_head", model.lm_head
+
+
+def greedy_decode(model: CausalLM, prompt: Sequence[int], max_new_tokens: int, cache: KVCache | None = None,
+                  slot: int = 0, stop_at_eos: bool = False) -> list[int]:
+    """Plain greedy decoding of one prompt (reference for tests and benchmarks); returns the new tokens."""
+    if not prompt:
+        raise InvalidArgumentError("greedy_decode needs a non-empty prompt.")
+    cache = cache or model.new_cache(slot + 1, len(prompt) + max_new_tokens)
+    cache.reset(slot)
+    slots = torch.tensor([slot])
+    ids = torch.tensor([list(prompt)], dtype=torch.long)  # [1, P]
+    nxt = int(model(ids, cache, slots, logits="last").logits[0, -1].argmax())
+    out: list[int] = []
+    buf = torch.empty(1, 1, dtype=torch.long)  # [1, 1] reused each step
+    eos = set(model.config.eos_token_ids)
+    while True:
+        out.append(nxt)
+        if len(out) >= max_new_tokens or (stop_at_eos and nxt in eos):
+            return out
+        buf.fill_(nxt)
+        nxt = int(model(buf, cache, slots, logits="last").logits[0, -1].argmax())
