@@ -43,6 +43,7 @@ class BuildSpec:
     max_k: int = 0  # 0 → γ (max_draft_len)
     max_queue: int = 64
     build_engines: bool = True  # try TensorRT-LLM when present; never required
+    bench: bool = True  # measure the exported target's decode speed in the verify stage (informational)
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> InvalidArgumentError:

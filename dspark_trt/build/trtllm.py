@@ -29,6 +29,9 @@ from dspark_trt.errors import BuildError
 log = logging.getLogger(__name__)
 
 SUPPORTED_LINE = "1.2"
+# tensorrt_llm.models.modeling_utils.SpeculativeDecodingMode is an IntFlag (NONE = 1, DRAFT_TOKENS_EXTERNAL = 2);
+# TRT-LLM serialises it as its integer value and KVCacheType as its name in engine/build config JSON.
+SPEC_MODE_VALUE: dict[str | None, int] = {None: 1, "draft_tokens_external": 2}
 PLUGIN_REGISTRATION_MODULE = "plugins.trt"  # kernels engineer's module: register_all(arch) -> names
 TOKENS_PER_BLOCK = 32
 
@@ -82,6 +85,14 @@ def build_config(spec: BuildSpec, role: str, quant_algo: str | None) -> dict[str
     }
 
 
+def build_config_json(spec: BuildSpec, role: str, quant_algo: str | None) -> dict[str, Any]:
+    """build_config() as TensorRT-LLM's BuildConfig.from_dict / `trtllm-build --build_config` read it."""
+    bc = build_config(spec, role, quant_algo)
+    bc["speculative_decoding_mode"] = SPEC_MODE_VALUE[bc["speculative_decoding_mode"]]
+    bc["kv_cache_type"] = bc["kv_cache_type"].upper()
+    return bc
+
+
 def _flag_value(v: Any) -> str:
     if v is True:
         return "enable"
@@ -115,12 +126,16 @@ def write_engine_plan(engines: Path, spec: BuildSpec, target_ckpt: Path, draft_c
     """engines/build_engines.sh + {target,draft}.build_config.json + NOT_BUILT.txt; returns manifest facts."""
     engines.mkdir(parents=True, exist_ok=True)
     root = engines.parent
-    rel = lambda p: "$BUILD_DIR/" + str(Path(p).relative_to(root))  # noqa: E731
+
+    def rel(p: Path) -> str:
+        p = Path(p)
+        return "$BUILD_DIR/" + str(p.relative_to(root)) if p.is_relative_to(root) else str(p)
+
     lines = ["#!/usr/bin/env bash",
              "# TensorRT-LLM 1.2.x engines for this build (run on a GPU host with tensorrt-llm 1.2.x installed).",
              f"# Written by `dspark-trt build` because engines were not built here: {reason}",
              "set -euo pipefail", 'BUILD_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"', ""]
-    (engines / "target.build_config.json").write_text(json.dumps(build_config(spec, "target", target_algo), indent=2) + "\n")
+    (engines / "target.build_config.json").write_text(json.dumps(build_config_json(spec, "target", target_algo), indent=2) + "\n")
     cmd = trtllm_build_command(Path("CKPT"), Path("OUT"), spec, "target", target_algo)
     cmd[2], cmd[4] = rel(target_ckpt), "$BUILD_DIR/engines/target"
     lines += ["# target: verifies up to γ = max_draft_len external draft tokens per step",
@@ -128,7 +143,7 @@ def write_engine_plan(engines: Path, spec: BuildSpec, target_ckpt: Path, draft_c
     facts: dict[str, Any] = {"built": False, "reason": reason, "script": "engines/build_engines.sh",
                              "build_configs": ["engines/target.build_config.json"]}
     if draft_kind == "lm":
-        (engines / "draft.build_config.json").write_text(json.dumps(build_config(spec, "draft", draft_algo), indent=2) + "\n")
+        (engines / "draft.build_config.json").write_text(json.dumps(build_config_json(spec, "draft", draft_algo), indent=2) + "\n")
         cmd = trtllm_build_command(Path("CKPT"), Path("OUT"), spec, "draft", draft_algo)
         cmd[2], cmd[4] = rel(draft_ckpt), "$BUILD_DIR/engines/draft"
         lines += ["# draft: a plain LM engine", " ".join(shlex.quote(c) if not c.startswith("$") else f'"{c}"'

@@ -108,7 +108,7 @@ def verify_build(build_dir: Path, spec: BuildSpec, pair: ValidatedPair,
     tok = AutoTokenizer.from_pretrained(str(build_dir / "tokenizer"))
     held = calib_mod.heldout_tokens(tok, spec.eval_tokens)  # [M, 128]
     facts: dict[str, Any] = {"heldout_sequences": int(held.shape[0]), "heldout_tokens_each": int(held.shape[1])}
-    facts["target"] = _lm_report(build_dir / "target" / "checkpoint", pair.target, spec, held, speed=True)
+    facts["target"] = _lm_report(build_dir / "target" / "checkpoint", pair.target, spec, held, speed=spec.bench)
     if progress:
         progress("target")
     if pair.draft_kind == "lm":

@@ -48,6 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="server queue bound (default %(default)s)")
     p.add_argument("--no-engines", dest="build_engines", action="store_false",
                    help="never try TensorRT-LLM; only write engines/build_engines.sh")
+    p.add_argument("--no-bench", dest="bench", action="store_false",
+                   help="skip the decode-speed measurement of the exported target")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON on stdout")
 
 

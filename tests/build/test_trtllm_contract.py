@@ -1,0 +1,112 @@
+"""Every trtllm-build flag, BuildConfig/PluginConfig key, QuantAlgo and checkpoint config key we emit is a
+TensorRT-LLM 1.2.1 name (tests/build/trtllm_1_2_1_names.json, read from the 1.2.x sources)."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dspark_trt.build import trtllm
+from dspark_trt.build.spec import KV_QUANT_ALGO, QUANT_ALGO, BuildSpec
+
+NAMES = json.loads((Path(__file__).parent / "trtllm_1_2_1_names.json").read_text())
+ALGOS = [None, "FP8", "W8A8_SQ_PER_CHANNEL", "W8A16"]
+SPECS = [BuildSpec(), BuildSpec(kv_quant="fp8", tp_size=2, max_draft_len=5, dtype="float16")]
+
+
+def _parse(argv: list[str]) -> dict[str, str | None]:
+    """--flag [value] pairs of a trtllm-build argv (store_true flags map to None)."""
+    assert argv[0] == "trtllm-build"
+    out: dict[str, str | None] = {}
+    i = 1
+    while i < len(argv):
+        flag = argv[i]
+        assert flag.startswith("--"), f"stray token {flag!r}"
+        if flag in NAMES["store_true_flags"]:
+            out[flag] = None
+            i += 1
+        else:
+            out[flag] = argv[i + 1]
+            i += 2
+    return out
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("role", ["target", "draft"])
+@pytest.mark.parametrize("algo", ALGOS)
+def test_trtllm_build_flags_are_121_names(spec: BuildSpec, role: str, algo: str | None) -> None:
+    flags = _parse(trtllm.trtllm_build_command(Path("c"), Path("e"), spec, role, algo))
+    for flag, value in flags.items():
+        assert flag in NAMES["trtllm_build_flags"], flag
+        if flag in NAMES["flag_choices"]:
+            assert value in NAMES["flag_choices"][flag], (flag, value)
+        if flag in NAMES["int_flags"]:
+            assert int(value) > 0 or flag == "--max_draft_len", (flag, value)
+    if role == "target":  # the draft/target recipe (examples/draft_target_model/README.md)
+        assert flags["--speculative_decoding_mode"] == "draft_tokens_external"
+        assert int(flags["--max_draft_len"]) == spec.max_draft_len
+        assert flags["--use_paged_context_fmha"] == "enable"
+        assert set(NAMES["draft_target_recipe"]["target_flags"]) <= set(flags)
+    else:
+        assert "--speculative_decoding_mode" not in flags
+        assert set(NAMES["draft_target_recipe"]["draft_flags"]) <= set(flags)
+    assert int(flags["--max_input_len"]) <= int(flags["--max_seq_len"])
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("role", ["target", "draft"])
+@pytest.mark.parametrize("algo", ALGOS)
+def test_build_config_keys_are_121_names(spec: BuildSpec, role: str, algo: str | None) -> None:
+    bc = trtllm.build_config_json(spec, role, algo)
+    assert set(bc) <= set(NAMES["build_config_fields"]), set(bc) - set(NAMES["build_config_fields"])
+    pc = bc["plugin_config"]
+    assert set(pc) <= set(NAMES["plugin_config_fields"]), set(pc) - set(NAMES["plugin_config_fields"])
+    assert pc["gpt_attention_plugin"] in NAMES["plugin_dtype_values"]
+    assert pc["gemm_plugin"] in NAMES["gemm_plugin_values"]
+    assert pc["use_paged_context_fmha"] is True and pc["paged_kv_cache"] is True
+    assert bc["kv_cache_type"] in NAMES["kv_cache_type_names"]
+    modes = NAMES["speculative_decoding_mode_values"]
+    assert bc["speculative_decoding_mode"] == (modes["DRAFT_TOKENS_EXTERNAL"] if role == "target" else modes["NONE"])
+    assert bc["max_draft_len"] == (spec.max_draft_len if role == "target" else 0)
+
+
+def test_quant_algo_names_are_121_names() -> None:
+    assert {a for a in QUANT_ALGO.values() if a} <= set(NAMES["quant_algos"])
+    assert {a for a in KV_QUANT_ALGO.values() if a} <= set(NAMES["kv_cache_quant_algos"])
+
+
+def test_only_trtllm_py_imports_tensorrt_llm() -> None:
+    root = Path(__file__).resolve().parents[2] / "dspark_trt"
+    pat = re.compile(r"^\s*(import tensorrt_llm|from tensorrt_llm)", re.M)
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py") if pat.search(p.read_text())]
+    assert offenders == ["build/trtllm.py"]
+    # and lazily: no module-level import there
+    top = [ln for ln in (root / "build" / "trtllm.py").read_text().splitlines() if re.match(r"(import|from) tensorrt_llm", ln)]
+    assert top == []
+
+
+def test_engine_plan_without_trtllm(tmp_path: Path) -> None:
+    assert trtllm.trtllm_version() is None  # this machine has no TensorRT-LLM
+    engines = tmp_path / "b" / "engines"
+    spec = BuildSpec(max_draft_len=5)
+    facts = trtllm.build_engines(engines, spec, tmp_path / "b/target/checkpoint", tmp_path / "b/draft/checkpoint",
+                                 "lm", "FP8", "FP8")
+    assert facts["built"] is False and "not importable" in facts["reason"]
+    assert "NOT built" in (engines / "NOT_BUILT.txt").read_text()
+    script = (engines / "build_engines.sh").read_text()
+    assert subprocess.run(["bash", "-n", str(engines / "build_engines.sh")]).returncode == 0
+    cmds = [ln for ln in script.splitlines() if ln.startswith("trtllm-build")]
+    assert len(cmds) == 2
+    for ln in cmds:  # every flag of the script is a 1.2.1 flag
+        for flag in re.findall(r"(--[a-z_]+)", ln):
+            assert flag in NAMES["trtllm_build_flags"], flag
+    tgt = json.loads((engines / "target.build_config.json").read_text())
+    assert tgt["max_draft_len"] == 5 and tgt["speculative_decoding_mode"] == 2
+    # a DSpark drafter has no TRT-LLM model class: no draft command, and it says why
+    facts = trtllm.build_engines(tmp_path / "c" / "engines", spec, tmp_path / "t", tmp_path / "d", "dspark", None, None)
+    script = (tmp_path / "c/engines/build_engines.sh").read_text()
+    assert script.count("trtllm-build --") == 1 and "DSparkDrafter" in script
+    assert "not buildable" in facts["draft_engine"]
