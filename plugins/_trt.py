@@ -53,12 +53,12 @@ def import_trt() -> tuple[Any, Any]:
         trtp = importlib.import_module("tensorrt.plugin")
     except Exception as exc:  # noqa: BLE001 - ImportError or a broken bindings wheel (no libnvinfer)
         raise BuildError(
-            "TensorRT (with tensorrt.plugin, TensorRT >= 10.10 for AOT plugins) is not importable here "
+            "TensorRT with tensorrt.plugin (QDP, with aot_impl) is not importable here "
             f"({exc}). Register the dspark plugins on the GPU build host: pip install 'dspark_trt[trtllm]' "
             "(tensorrt-llm 1.2.x brings tensorrt 10.14) from NVIDIA's index, or use the TensorRT-LLM container."
         ) from exc
     if not hasattr(trtp, "aot_impl"):
-        raise BuildError("this tensorrt.plugin has no aot_impl (TensorRT < 10.10): upgrade to TensorRT 10.14")
+        raise BuildError("this tensorrt.plugin has no aot_impl (TensorRT too old): use TensorRT 10.14 (pinned by tensorrt-llm 1.2.1)")
     return trt, trtp
 
 

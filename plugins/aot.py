@@ -46,6 +46,28 @@ def ptx_entry_params(ptx: str, name: str) -> tuple[str, ...]:
     return tuple(re.findall(r"\.param\s+\.[\w.]+\s+(?:\.ptr\s+\.global\s+\.align\s+\d+\s+)?([\w$]+)", m.group(1)))
 
 
+def qdp_ptx(ck: CompiledKernel, user_params: int) -> str:
+    """The PTX handed to TensorRT QDP: Triton's implicit trailing scratch pointers removed from the entry.
+
+    TensorRT launches an AOT kernel with exactly (inputs, extra_args, outputs); Triton 3.6 declares two more
+    pointer parameters (global/profile scratch). Our kernels never use scratch, so those parameters are
+    unreferenced and dropping them gives an entry whose ABI is exactly what TensorRT passes. Raises if a
+    trailing parameter is referenced (a kernel that needs scratch cannot be a QDP AOT plugin as is)."""
+    extra = ck.ptx_params[user_params:]
+    if not extra:
+        return ck.ptx
+    m = re.search(r"\.entry\s+" + re.escape(ck.name) + r"\s*\((.*?)\)", ck.ptx, re.S)
+    assert m is not None
+    body = ck.ptx[m.end():]
+    for p in extra:
+        if re.search(r"\b" + re.escape(p) + r"\b", body):
+            raise RuntimeError(f"{ck.name}: implicit parameter {p} is used; this kernel cannot be launched by QDP")
+    decls = [d for d in m.group(1).split(",")]
+    kept = [d for d in decls if not any(re.search(r"\b" + re.escape(p) + r"\b", d) for p in extra)]
+    new_sig = ",".join(kept).rstrip()
+    return ck.ptx[: m.start(1)] + new_sig + "\n" + ck.ptx[m.end(1):]
+
+
 def compile_kernel(
     fn: Any,  # a triton.jit function (not interpreted)
     signature: Mapping[str, str],  # every parameter → "*fp32" / "*bf16" / "*i64" / "i32" / "constexpr"

@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 from plugins._trt import IOSpec, PluginSpec, TRITON_PTR, const_dim, import_trt, trt_dtype_name
-from plugins.aot import DEFAULT_ARCH, CompiledKernel, compile_kernel
+from plugins.aot import DEFAULT_ARCH, CompiledKernel, compile_kernel, qdp_ptx
 from plugins.block_draft import launch
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ def register(arch: int = DEFAULT_ARCH) -> tuple[str, ...]:
         lp.block_x = ck.block_x
         lp.shared_mem = ck.shared_mem
         extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(e) for e in (v, rank, g, g * v, v)])
-        return ck.name.encode(), ck.ptx.encode(), lp, extra
+        return ck.name.encode(), qdp_ptx(ck, MARKOV.user_params).encode(), lp, extra
 
     log.info("registered TensorRT AOT plugin %s (sm_%d)", MARKOV.plugin_id, arch)
     return (MARKOV.plugin_id,)

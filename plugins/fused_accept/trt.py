@@ -19,7 +19,7 @@ from typing import Any
 import triton
 
 from plugins._trt import IOSpec, PluginSpec, TRITON_PTR, const_dim, import_trt, trt_dtype_name
-from plugins.aot import DEFAULT_ARCH, CompiledKernel, compile_kernel
+from plugins.aot import DEFAULT_ARCH, CompiledKernel, compile_kernel, qdp_ptx
 from plugins.fused_accept import launch
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ def register(arch: int = DEFAULT_ARCH) -> tuple[str, ...]:
         lp.block_x = ck.block_x
         lp.shared_mem = ck.shared_mem
         extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(e) for e in (v, kp1, s, chunk, kp1 * v, v)])
-        return ck.name.encode(), ck.ptx.encode(), lp, extra
+        return ck.name.encode(), qdp_ptx(ck, STATS.user_params).encode(), lp, extra
 
     @trtp.register(FINALIZE.plugin_id)
     def _final_desc(logits: trtp.TensorDesc, draft: trtp.TensorDesc, q: trtp.TensorDesc, k: trtp.TensorDesc,
@@ -153,7 +153,7 @@ def register(arch: int = DEFAULT_ARCH) -> tuple[str, ...]:
         qk = kp1 - 1
         extra = trtp.SymIntExprs.from_tuple(
             [trtp.SymInt32(e) for e in (v, kp1, s, kp1 * v, v, qk, qk * v if sampling else 0, v if sampling else 0)])
-        return ck.name.encode(), ck.ptx.encode(), lp, extra
+        return ck.name.encode(), qdp_ptx(ck, FINALIZE.user_params).encode(), lp, extra
 
     log.info("registered TensorRT AOT plugins %s, %s (sm_%d)", STATS.plugin_id, FINALIZE.plugin_id, arch)
     return STATS.plugin_id, FINALIZE.plugin_id

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -26,9 +30,24 @@ def _aot_row(plugin_id: str, result: tuple, user_params: int) -> dict:
     from plugins.aot import ptx_entry_params
 
     params = ptx_entry_params(ptx_s, name.decode())
+    m = re.search(r"\.reqntid\s+(\d+)", ptx_s)
     return dict(plugin=plugin_id, kernel=name.decode(), target_sm90="sm_90" in ptx_s.split(".target", 1)[1][:12],
                 ptx_params=len(params), user_params=user_params, grid=[int(lp.grid_x), int(lp.grid_y)],
-                block_x=int(lp.block_x), shared_mem=int(lp.shared_mem), extra=[int(e.value) for e in extra.items])
+                block_x=int(lp.block_x), reqntid=int(m.group(1)) if m else None, shared_mem=int(lp.shared_mem),
+                extra=[int(e.value) for e in extra.items], ptxas=_ptxas(ptx_s))
+
+
+def _ptxas(ptx: str) -> str:
+    """Assemble the QDP PTX for sm_90a with nvcc's ptxas when present: 'ok', 'absent' or the error."""
+    exe = shutil.which("ptxas") or ("/usr/local/cuda/bin/ptxas" if os.path.exists("/usr/local/cuda/bin/ptxas") else None)
+    if exe is None:
+        return "absent"
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        r = subprocess.run([exe, "-arch=sm_90a", src, "-o", os.path.join(d, "k.cubin")], capture_output=True, text=True)
+    return "ok" if r.returncode == 0 else r.stderr[-500:]
 
 
 def main() -> None:

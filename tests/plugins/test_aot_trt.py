@@ -78,8 +78,11 @@ def test_every_plugin_compiles_for_sm90(probe: dict) -> None:
     assert len(probe["extra_compiles"]) == 3
     for row in probe["rows"]:
         assert row["target_sm90"], row
-        # Triton 3.6 appends 2 scratch pointers that TensorRT does not pass (see docs/plugins.md)
-        assert row["ptx_params"] == row["user_params"] + 2, row
+        # the QDP PTX declares exactly inputs + int32 scalars + outputs: Triton's 2 unused scratch pointers
+        # (which TensorRT would not pass) are stripped by plugins.aot.qdp_ptx
+        assert row["ptx_params"] == row["user_params"], row
+        assert row["reqntid"] == row["block_x"], row
+        assert row["ptxas"] in ("ok", "absent"), row["ptxas"]
 
 
 def test_aot_launch_params_match_declarations(probe: dict) -> None:
@@ -98,3 +101,16 @@ def test_aot_launch_params_match_declarations(probe: dict) -> None:
     assert mk["grid"] == [b, 1] and mk["extra"] == [v, 256, 7, 7 * v, v]
     assert probe["shapes"]["stats"] == [[b * kp1, s, 3], [b * kp1, s]]
     assert probe["shapes"]["markov"] == [[b, 7], [b, 7, v], [b, 7]]
+
+
+def test_qdp_ptx_refuses_kernels_that_use_scratch() -> None:
+    from plugins.aot import CompiledKernel, qdp_ptx
+
+    ptx = (".visible .entry k(\n\t.param .u64 k_param_0,\n\t.param .u64 k_param_1\n)\n{\n"
+           "\tld.param.u64 %rd1, [k_param_1];\n}\n")
+    ck = CompiledKernel("k", ptx, b"", 90, 4, 0, ("k_param_0", "k_param_1"))
+    with pytest.raises(RuntimeError, match="k_param_1"):
+        qdp_ptx(ck, 1)
+    unused = ck.ptx.replace("[k_param_1]", "[k_param_0]")
+    stripped = qdp_ptx(CompiledKernel("k", unused, b"", 90, 4, 0, ck.ptx_params), 1)
+    assert "k_param_1" not in stripped and "k_param_0" in stripped
