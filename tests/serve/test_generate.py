@@ -79,7 +79,8 @@ def test_cli_generate_matches_server(server, tiny_build, reference) -> None:
     """`dspark-trt generate --engine-dir` (in process, plain) vs `dspark-trt generate --url` (this server)."""
     prompt, n = "class Queue:", 16
     local = subprocess.run([sys.executable, "-m", "dspark_trt.cli", "generate", "--engine-dir", str(tiny_build),
-                            "--policy", "plain", "--prompt", prompt, "--max-new-tokens", str(n), "--json"],
+                            "--policy", "plain", "--dtype", "float32", "--prompt", prompt, "--max-new-tokens",
+                            str(n), "--json"],
                            capture_output=True, text=True)
     assert local.returncode == 0, local.stderr[-3000:]
     remote = subprocess.run([sys.executable, "-m", "dspark_trt.cli", "generate", "--url", server.grpc_url,
