@@ -1,0 +1,193 @@
+"""The runtime's spec.protocols.Backend: a target CausalLM (+ optional drafter) over slot KV caches.
+
+Owns: slot allocation (free list), batched ragged prefill, verify passes that tap the drafter's
+target layers and hold their hidden states until commit, commit/rollback of the target cache and
+feeding the drafter its committed context, release, and routing acceptance to runtime.dispatch
+(kernels on CUDA, spec.accept on CPU). Must not know about scheduling policies, Triton or files.
+
+Invariant per slot (spec.protocols.Backend): the target cache holds every committed token except the
+newest one, which is the next round's anchor. The drafter's context is the same token sequence.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from dspark_trt.errors import InvalidArgumentError
+from dspark_trt.runtime.model import CausalLM
+from dspark_trt.spec.protocols import DraftBlock, Drafter, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class SlotAllocator:
+    """Free list of slot ids 0..n-1 (lowest first, so busy slots stay contiguous when possible)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self._free = list(range(n))
+        self._busy: set[int] = set()
+
+    def acquire(self) -> int:
+        if not self._free:
+            raise InvalidArgumentError(f"All {self.n} slots are busy; release a finished request first or raise "
+                                       f"max_batch.")
+        self._free.sort()
+        slot = self._free.pop(0)
+        self._busy.add(slot)
+        return slot
+
+    def free(self, slot: int) -> None:
+        if slot in self._busy:
+            self._busy.remove(slot)
+            self._free.append(slot)
+
+    @property
+    def busy(self) -> frozenset[int]:
+        return frozenset(self._busy)
+
+    def __len__(self) -> int:  # free slots
+        return len(self._free)
+
+
+@dataclass
+class _Pending:
+    """What the last verify left for commit: its tokens, pre-verify lengths and tapped features."""
+
+    row_of: dict[int, int]  # slot -> row in the verify batch
+    tokens: torch.Tensor  # [B, K+1] long
+    start: torch.Tensor  # [B] long: target cache length before verify (= committed - 1)
+    hidden: torch.Tensor | None  # [B, K+1, F] target taps, None when the drafter takes none
+
+
+class SpecBackend:
+    """spec.protocols.Backend over a runtime CausalLM target and an optional spec.protocols.Drafter."""
+
+    def __init__(self, target: CausalLM, drafter: Drafter | None, max_batch: int, max_seq: int,
+                 verify_slack: int | None = None) -> None:
+        if max_batch < 1 or max_seq < 2:
+            raise InvalidArgumentError(f"SpecBackend needs max_batch ≥ 1 and max_seq ≥ 2 (got {max_batch}, {max_seq}).")
+        self.target = target
+        self.drafter = drafter
+        self.vocab_size = int(target.config.vocab_size)
+        self.max_batch = int(max_batch)
+        self.max_seq = int(max_seq)
+        gamma = int(getattr(drafter, "gamma", 0) or 0)
+        # verify pads every row to the batch's longest K, so a slot may briefly hold Kmax+1 tokens past its length
+        self.slack = verify_slack if verify_slack is not None else max(16, gamma + 1)
+        self.cache = target.new_cache(self.max_batch, self.max_seq + self.slack)
+        self.taps: tuple[int, ...] = tuple(getattr(drafter, "target_layer_ids", ()) or ())
+        if drafter is not None:
+            drafter.allocate(self.max_batch, self.max_seq + self.slack)
+        self.slots = SlotAllocator(self.max_batch)
+        self._pending: _Pending | None = None
+
+    # ----------------------------------------------------------------- slots
+    def acquire(self) -> int:
+        """A free slot id (optional helper: callers may also manage slot ids themselves)."""
+        return self.slots.acquire()
+
+    def _slot_tensor(self, slots: Sequence[int]) -> torch.Tensor:
+        s = torch.as_tensor(list(slots), dtype=torch.long)  # [B]
+        if s.numel() == 0:
+            raise InvalidArgumentError("Empty slot list; pass at least one slot.")
+        if len(set(s.tolist())) != s.numel():
+            raise InvalidArgumentError(f"Duplicate slots {s.tolist()} in one batch.")
+        if int(s.min()) < 0 or int(s.max()) >= self.max_batch:
+            raise InvalidArgumentError(f"Slots {s.tolist()} out of range 0..{self.max_batch - 1}.")
+        return s
+
+    # ----------------------------------------------------------------- protocol
+    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Reset the slots, run the prompts (right-padded batch), feed the drafter; logits [B, V] float32."""
+        s = self._slot_tensor(slots)
+        if len(prompts) != s.numel():
+            raise InvalidArgumentError(f"prefill: {s.numel()} slots but {len(prompts)} prompts.")
+        lengths = [len(p) for p in prompts]
+        if min(lengths) < 1:
+            raise InvalidArgumentError("prefill: every prompt needs at least one token.")
+        if max(lengths) > self.max_seq:
+            raise InvalidArgumentError(f"prefill: a prompt of {max(lengths)} tokens exceeds max_seq={self.max_seq}; "
+                                       f"shorten it or raise max_seq.")
+        for slot in s.tolist():
+            self.cache.reset(slot)
+            if self.drafter is not None:
+                self.drafter.release(slot)
+        T = max(lengths)
+        ids = torch.zeros(s.numel(), T, dtype=torch.long)  # [B, T] right-padded
+        for row, p in enumerate(prompts):
+            ids[row, :len(p)] = torch.as_tensor(list(p), dtype=torch.long)
+        n = torch.tensor(lengths, dtype=torch.long)  # [B]
+        out = self.target(ids, self.cache, s, taps=self.taps, logits="last", last_index=n - 1)
+        self.cache.truncate(s, n)
+        if self.drafter is not None:
+            self.drafter.extend_context(s, ids, n, out.hidden)
+        self._pending = None
+        return out.logits[:, 0]  # [B, V]
+
+    def draft(self, slots: Sequence[int], anchors: torch.Tensor, gamma: int,
+              sampling: Sequence[SamplingParams]) -> DraftBlock:
+        if self.drafter is None:
+            raise InvalidArgumentError("This backend has no drafter; use the 'plain' policy (K = 0) or load a drafter.")
+        return self.drafter.propose(self._slot_tensor(slots), anchors.long().reshape(-1), gamma, sampling)
+
+    def verify(self, slots: Sequence[int], tokens: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """tokens [B, Kmax+1] = [anchor, d_1..d_Kmax], k [B] → logits [B, Kmax+1, V] float32."""
+        s = self._slot_tensor(slots)
+        if tokens.dim() != 2 or tokens.shape[0] != s.numel():
+            raise InvalidArgumentError(f"verify: tokens must be [B={s.numel()}, K+1], got {tuple(tokens.shape)}.")
+        start = self.cache.lengths[s].clone()  # [B]
+        out = self.target(tokens.long(), self.cache, s, taps=self.taps, logits="all")
+        self._pending = _Pending({slot: row for row, slot in enumerate(s.tolist())}, tokens.long(), start, out.hidden)
+        return out.logits  # [B, K+1, V]
+
+    def commit(self, slots: Sequence[int], n_keep: torch.Tensor) -> None:
+        """Keep the first n_keep [B] verify tokens per slot in the target cache; feed them to the drafter."""
+        p = self._pending
+        if p is None:
+            raise InvalidArgumentError("commit without a preceding verify; call verify(slots, tokens, k) first.")
+        s = self._slot_tensor(slots)
+        keep = torch.as_tensor(n_keep, dtype=torch.long).reshape(-1)  # [B]
+        if keep.numel() != s.numel():
+            raise InvalidArgumentError(f"commit: {s.numel()} slots but {keep.numel()} n_keep values.")
+        try:
+            rows = torch.tensor([p.row_of[slot] for slot in s.tolist()], dtype=torch.long)  # [B]
+        except KeyError as e:
+            raise InvalidArgumentError(f"commit: slot {e.args[0]} was not in the last verify batch.") from None
+        width = p.tokens.shape[1]
+        if int(keep.min()) < 1 or int(keep.max()) > width:
+            raise InvalidArgumentError(f"commit: n_keep {keep.tolist()} must lie in 1..{width} (anchor + accepted).")
+        self.cache.truncate(s, p.start[rows] + keep)
+        if self.drafter is not None:
+            m = int(keep.max())
+            feats = None if p.hidden is None else p.hidden[rows, :m]  # [B, m, F]
+            self.drafter.extend_context(s, p.tokens[rows, :m], keep, feats)
+        self._pending = None
+
+    def accept(self, logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, q: torch.Tensor | None,
+               sampling: Sequence[SamplingParams], positions: torch.Tensor | None = None) -> Any:
+        """→ spec.accept.AcceptResult via runtime.dispatch. positions [B] (absolute position of d_1) default to
+        the last verify's: its pre-verify cache length + 1 (= committed tokens incl. the prompt)."""
+        from dspark_trt.runtime import dispatch  # owned by the kernels engineer; lazy to keep imports light
+
+        if positions is None and not all(sp.greedy for sp in sampling) and self._pending is not None:
+            if self._pending.tokens.shape[0] == logits.shape[0]:
+                positions = self._pending.start + 1
+        return dispatch.accept(logits, draft, k, q, sampling, positions=positions)
+
+    def release(self, slot: int) -> None:
+        """Free a slot in the target cache, the drafter and the allocator."""
+        self._slot_tensor([slot])
+        self.cache.reset(slot)
+        if self.drafter is not None:
+            self.drafter.release(slot)
+        if self._pending is not None and slot in self._pending.row_of:
+            self._pending = None
+        self.slots.free(slot)
+
+    def committed_length(self, slot: int) -> int:
+        """Committed tokens of a slot (cache length + the anchor), for diagnostics."""
+        return int(self.cache.lengths[slot]) + 1
