@@ -58,7 +58,8 @@ def import_trt() -> tuple[Any, Any]:
             "(tensorrt-llm 1.2.x brings tensorrt 10.14) from NVIDIA's index, or use the TensorRT-LLM container."
         ) from exc
     if not hasattr(trtp, "aot_impl"):
-        raise BuildError("this tensorrt.plugin has no aot_impl (TensorRT too old): use TensorRT 10.14 (pinned by tensorrt-llm 1.2.1)")
+        raise BuildError("this tensorrt.plugin has no aot_impl (TensorRT too old): use TensorRT 10.14 "
+                         "(pinned by tensorrt-llm 1.2.1)")
     return trt, trtp
 
 

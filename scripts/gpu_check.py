@@ -130,7 +130,8 @@ def parity_block_draft() -> dict[str, Any]:
         g = torch.Generator().manual_seed(100 + i)
         t = torch.rand(b, generator=g) + 0.5
         t[0] = 0.0
-        a = dict(backbone_logits=torch.randn(b, gamma, v, generator=g) * 2, anchor=torch.randint(0, v, (b,), generator=g),
+        a = dict(backbone_logits=torch.randn(b, gamma, v, generator=g) * 2,
+                 anchor=torch.randint(0, v, (b,), generator=g),
                  w1=(torch.randn(v, r, generator=g) * 0.1).to(wdt), w2=(torch.randn(v, r, generator=g) * 0.1).to(wdt),
                  temperature=t, seeds=torch.randint(0, 2**40, (b,), generator=g),
                  positions=torch.randint(0, 4000, (b,), generator=g), conf_bias=torch.randn(b, gamma, generator=g),

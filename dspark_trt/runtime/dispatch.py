@@ -2,8 +2,8 @@
 
 Owns the routing decision only: CUDA tensors + importable OpenAI Triton → plugins/ kernels;
 anything else → the torch reference (dspark_trt.spec.accept for acceptance; plugins/block_draft/reference.py,
-written in the DSpark drafter's own terms, for the Markov block). It holds no algorithm code of its own and never imports
-tensorrt. The reference modules are imported lazily so this file imports before they exist.
+written in the DSpark drafter's own terms, for the Markov block). It holds no algorithm code of its own and
+never imports tensorrt. The reference modules are imported lazily so this file imports before they exist.
 """
 from __future__ import annotations
 
@@ -59,7 +59,13 @@ def sampling_tensors(
     return temperature, top_p, seeds
 
 
-def _check_accept_args(logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, q: torch.Tensor | None, n: int) -> None:
+def _check_accept_args(
+    logits: torch.Tensor,  # [B, K+1, V]
+    draft: torch.Tensor,  # [B, K]
+    k: torch.Tensor,  # [B]
+    q: torch.Tensor | None,  # [B, K, V]
+    n: int,  # number of sampling params
+) -> None:
     if logits.dim() != 3 or draft.dim() != 2 or k.dim() != 1:
         raise InvalidArgumentError(
             f"accept expects logits [B, K+1, V], draft [B, K], k [B]; got {tuple(logits.shape)}, "

@@ -3,8 +3,9 @@
 Owns two kernels, the launch order and the partial-statistics layout between them:
 
 1. `accept_stats_kernel`, grid (B*(K+1), S): program (row, s) streams V-chunk s of one logits row in BLOCK_V
-   tiles with a lane-wise online softmax (one exp per element, one reduction per program) and writes a partial (max x, lowest argmax, second max x, Σ exp(x − max)) where
-   x = logits / T (T = 1 for greedy rows). Splitting V over S programs keeps small batches bandwidth-bound.
+   tiles with a lane-wise online softmax (one exp per element, one reduction per program) and writes a partial
+   (max x, lowest argmax, second max x, Σ exp(x − max)) where x = logits / T (T = 1 for greedy rows).
+   Splitting V over S programs keeps small batches bandwidth-bound.
 2. `accept_finalize_kernel`, grid (B,): merges the S partials of each position (top-1 probability, top-1 − top-2
    margin, argmax), runs the acceptance chain (greedy: d_j == argmax; sampled: u·q(d) < p(d)), and for sampled rows
    draws the committed token by the exponential race of spec.accept over the one committed row (residual

@@ -54,7 +54,8 @@ def supports_sampling(top_p: torch.Tensor) -> bool:  # [B]
 
 def _check(logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor) -> tuple[int, int, int]:
     if logits.dim() != 3 or logits.dtype not in LOGIT_DTYPES:
-        raise InvalidArgumentError(f"logits must be [B, K+1, V] fp32/bf16/fp16, got {tuple(logits.shape)} {logits.dtype}")
+        raise InvalidArgumentError(
+            f"logits must be [B, K+1, V] fp32/bf16/fp16, got {tuple(logits.shape)} {logits.dtype}")
     b, kp1, v = logits.shape
     if draft.shape != (b, kp1 - 1) or k.shape != (b,):
         raise InvalidArgumentError(

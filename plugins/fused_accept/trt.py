@@ -1,9 +1,10 @@
 """TensorRT QDP registration of fused acceptance: two AOT plugins that chain through a partials tensor.
 
-    dspark::accept_stats    (logits [B,K+1,V], k [B], temperature [B])            → part_f [B*(K+1),S,3], part_i [B*(K+1),S]
+    dspark::accept_stats    (logits [B,K+1,V], k [B], temperature [B])
+                          → part_f [B*(K+1),S,3], part_i [B*(K+1),S]
     dspark::accept_finalize (logits, draft [B,K], q [B,K,V], k, temperature, seeds [B], positions [B],
-                             part_f, part_i)                                       → accepted [B], next_token [B],
-                                                                                     top1 [B,K+1], margin [B,K+1]
+                             part_f, part_i)
+                          → accepted [B], next_token [B], top1 [B,K+1], margin [B,K+1]
 
 Both are `tensorrt.plugin` AOT plugins: `aot_impl` compiles the very kernels of kernel.py to PTX, so the engine
 carries the code and runs in the C++ TensorRT(-LLM) runtime with no Python (see docs/plugins.md for why not

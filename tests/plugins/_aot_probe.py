@@ -39,7 +39,8 @@ def _aot_row(plugin_id: str, result: tuple, user_params: int) -> dict:
 
 def _ptxas(ptx: str) -> str:
     """Assemble the QDP PTX for sm_90a with nvcc's ptxas when present: 'ok', 'absent' or the error."""
-    exe = shutil.which("ptxas") or ("/usr/local/cuda/bin/ptxas" if os.path.exists("/usr/local/cuda/bin/ptxas") else None)
+    cuda_ptxas = "/usr/local/cuda/bin/ptxas"
+    exe = shutil.which("ptxas") or (cuda_ptxas if os.path.exists(cuda_ptxas) else None)
     if exe is None:
         return "absent"
     with tempfile.TemporaryDirectory() as d:
