@@ -79,7 +79,7 @@ class FeatureStore:
 
     def feature_rows(self, a: int, b: int) -> torch.Tensor:
         """[b−a, F] bfloat16."""
-        return torch.from_numpy(np.ascontiguousarray(self.features[a:b]).view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(np.array(self.features[a:b]).view(np.int16)).view(torch.bfloat16)
 
 
 def cache_features(target: HFTarget, sequences: Sequence[Sequence[int]], starts: Sequence[int], out: Path,

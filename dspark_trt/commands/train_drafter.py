@@ -1,0 +1,90 @@
+"""`dspark-trt train-drafter`: distill a DSpark block drafter from a target on offline text.
+
+Pipeline: tokenize the corpus (text files / chat JSONL) → cache target features + top-k log-probs once
+(reused when --out already holds them for the same taps) → train (resumable, --max-minutes budget) →
+STS-calibrate the confidence head on held-out data → write OUT/drafter (config.json + model.safetensors)
+and OUT/metrics.json. Defaults come from dspark_trt.train.trainer.TrainConfig.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from dspark_trt.errors import InvalidArgumentError
+from dspark_trt.train.trainer import TrainConfig
+
+log = logging.getLogger(__name__)
+D = TrainConfig()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", type=Path, default=None, help="target HF dir (default: the embedded SmolLM2-135M)")
+    p.add_argument("--corpus", type=Path, nargs="+", required=True, help="text files/dirs and chat .jsonl files")
+    p.add_argument("--out", type=Path, required=True, help="output dir (features/, drafter/, train_state.pt)")
+    p.add_argument("--gamma", type=int, default=D.gamma, help=f"block size γ (default {D.gamma})")
+    p.add_argument("--layers", type=str, default=None, help="target taps, comma-separated (default: 5 spread layers)")
+    p.add_argument("--num-layers", type=int, default=D.num_layers, help="drafter decoder layers")
+    p.add_argument("--markov-rank", type=int, default=D.markov_rank, help="Markov head rank (0 = none)")
+    p.add_argument("--draft-vocab", type=int, default=D.draft_vocab_size, help="reduced draft vocabulary (0 = full)")
+    p.add_argument("--max-minutes", type=float, default=D.max_minutes, help="training time budget")
+    p.add_argument("--max-steps", type=int, default=D.max_steps, help="step budget (0 = from --max-minutes)")
+    p.add_argument("--max-tokens", type=int, default=D.max_tokens, help="corpus token budget for feature caching")
+    p.add_argument("--lr", type=float, default=D.lr)
+    p.add_argument("--batch-seqs", type=int, default=D.batch_seqs)
+    p.add_argument("--anchors", type=int, default=D.anchors, help="anchors per sequence per step")
+    p.add_argument("--seed", type=int, default=D.seed)
+    p.add_argument("--threads", type=int, default=D.threads)
+    p.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
+
+
+def _features(args: argparse.Namespace, target_dir: Path, layers: tuple[int, ...] | None, cfg: TrainConfig) -> Path:
+    from transformers import AutoTokenizer
+
+    from dspark_trt.train.corpus import load_corpus
+    from dspark_trt.train.features import HFTarget, cache_features
+    from dspark_trt.train.model_init import default_layer_ids
+
+    hf_cfg = json.loads((target_dir / "config.json").read_text())
+    taps = layers or default_layer_ids(int(hf_cfg["num_hidden_layers"]))
+    fdir = args.out / "features"
+    meta = fdir / "meta.json"
+    if meta.exists() and tuple(json.loads(meta.read_text())["layer_ids"]) == tuple(taps):
+        log.info("reusing cached features in %s", fdir)
+        return fdir
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    seqs, starts = load_corpus(args.corpus, tok, cfg.max_tokens, window=cfg.max_len, seed=cfg.seed)
+    if not seqs:
+        raise InvalidArgumentError(f"No usable text in --corpus {args.corpus}. Fix: pass text files, directories or "
+                                   "chat .jsonl files written by dspark_trt.train.chatgen.")
+    target = HFTarget.load(target_dir, taps)
+    cache_features(target, seqs, starts, fdir, topk=cfg.topk, max_len=cfg.max_len)
+    return fdir
+
+
+def run(args: argparse.Namespace) -> int:
+    from transformers import AutoModelForCausalLM
+
+    from dspark_trt.train.trainer import train
+
+    if args.target is None:
+        from dspark_trt.runtime.default_model import default_target_dir
+        args.target = default_target_dir()
+    layers = tuple(int(x) for x in args.layers.split(",")) if args.layers else None
+    if args.gamma < 2:
+        raise InvalidArgumentError(f"--gamma {args.gamma} must be ≥ 2. Fix: pass e.g. --gamma 7.")
+    cfg = dataclasses.replace(D, gamma=args.gamma, layers=layers, num_layers=args.num_layers,
+                              markov_rank=args.markov_rank, draft_vocab_size=args.draft_vocab,
+                              max_minutes=args.max_minutes, max_steps=args.max_steps, max_tokens=args.max_tokens,
+                              lr=args.lr, batch_seqs=args.batch_seqs, anchors=args.anchors, seed=args.seed,
+                              threads=args.threads)
+    torch.set_num_threads(cfg.threads)
+    fdir = _features(args, Path(args.target), layers, cfg)
+    hf = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32)
+    metrics = train(cfg, hf, Path(args.target), [fdir], args.out, resume=args.resume)
+    log.info("drafter written to %s (held-out τ_tf %.3f)", args.out / "drafter", metrics.get("heldout_tau_tf") or 0)
+    return 0

@@ -1,0 +1,71 @@
+"""The DSpark distillation loss: 0.1·CE + 0.9·Σ_k w_k‖p_d − p_t‖₁ + 1.0·BCE(c_k, c*_k).
+
+Owns: turning the target's stored top-k log-probs into (a) CE labels (the target's top-1, mapped to the
+draft vocabulary), (b) an L1 distance that is exact on the top-k support and a tight lower bound for the
+tail, (c) the confidence label c*_k = 1 − ½‖p_d − p_t‖₁ (detached; per-position conditional acceptance),
+and position weights w_k = exp(−(k−1)/decay). Pure torch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class LossWeights:
+    ce: float = 0.1
+    l1: float = 0.9
+    bce: float = 1.0
+    decay: float = 4.0  # w_k = exp(−(k−1)/decay)
+
+
+@dataclass
+class LossOut:
+    total: torch.Tensor
+    ce: torch.Tensor
+    l1: torch.Tensor
+    bce: torch.Tensor
+    acc: torch.Tensor  # [γ] greedy top-1 agreement per block position (teacher-forced), float
+
+
+def dspark_loss(logits: torch.Tensor, conf_logit: torch.Tensor | None, topk_ids: torch.Tensor,
+                topk_logp: torch.Tensor, t2d: torch.Tensor, valid: torch.Tensor,
+                w: LossWeights = LossWeights()) -> LossOut:
+    """logits [N, γ, Vd] float32 (U + Markov bias), conf_logit [N, γ] | None, topk_ids [N, γ, k] target ids,
+    topk_logp [N, γ, k], t2d [V] long (draft id or −1), valid [N, γ] bool → LossOut."""
+    N, G, Vd = logits.shape
+    logp_d = torch.log_softmax(logits, dim=-1)  # [N, γ, Vd]
+    p_d = logp_d.exp()
+    p_t = topk_logp.float().exp()  # [N, γ, k]
+    dids = t2d[topk_ids]  # [N, γ, k] draft ids or −1
+    in_d = dids >= 0
+    pd_on = torch.where(in_d, p_d.gather(-1, dids.clamp(min=0)), torch.zeros_like(p_t))  # [N, γ, k]
+    tail_t = (1.0 - p_t.sum(-1)).clamp(min=0.0)  # target mass outside top-k
+    tail_d = (1.0 - pd_on.sum(-1)).clamp(min=0.0)  # draft mass outside top-k
+    l1 = (pd_on - p_t).abs().sum(-1) + (tail_d - tail_t).abs()  # [N, γ], in [0, 2]
+    label = torch.where(in_d[..., 0], dids[..., 0], torch.full_like(dids[..., 0], -100))  # [N, γ]
+    vf = valid.float()
+    pos_w = torch.exp(-torch.arange(G, device=logits.device, dtype=torch.float32) / w.decay)  # [γ]
+    denom = vf.sum().clamp(min=1.0)
+    ce_all = F.cross_entropy(logp_d.reshape(-1, Vd), label.masked_fill(~valid, -100).reshape(-1),
+                             ignore_index=-100, reduction="none").view(N, G)
+    ce = (ce_all * vf).sum() / denom
+    l1_term = (l1 * pos_w * vf).sum() / denom
+    bce = logits.new_zeros(())
+    if conf_logit is not None:
+        target = (1.0 - 0.5 * l1).detach().clamp(0.0, 1.0)
+        bce = (F.binary_cross_entropy_with_logits(conf_logit, target, reduction="none") * vf).sum() / denom
+    total = w.ce * ce + w.l1 * l1_term + w.bce * bce
+    with torch.no_grad():
+        hit = (logits.argmax(-1) == label) & valid
+        acc = hit.float().sum(0) / vf.sum(0).clamp(min=1.0)
+    return LossOut(total, ce.detach(), l1_term.detach(), bce.detach(), acc)
+
+
+def make_t2d(d2t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """d2t [Vd] → t2d [V]: draft id of each target id, −1 outside the draft vocabulary."""
+    t2d = torch.full((vocab_size,), -1, dtype=torch.long, device=d2t.device)
+    t2d[d2t] = torch.arange(d2t.numel(), device=d2t.device)
+    return t2d

@@ -1,0 +1,242 @@
+"""Distilling a DSpark drafter from cached target features: the training loop, held-out evaluation,
+checkpoints/resume and the final export + STS calibration.
+
+Owns: `TrainConfig` (frozen defaults of `dspark-trt train-drafter`), `train(...)`. Uses the loss from
+train.loss, batches from train.batches, the module and checkpoint format from runtime.drafters.
+Deterministic for a seed: batch b of step s is drawn from numpy Generator([seed, s]), so a resumed run
+continues the same batch sequence. The learning-rate schedule is step-based (warmup + cosine); with only
+a minute budget, the total step count is fixed after timing the first steps and stored for resume.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from dspark_trt.errors import DrafterError
+from dspark_trt.runtime.drafters import DSparkModel, save_dspark, target_weights
+from dspark_trt.train.batches import Batch, SeqRef, eligible, make_batch, split, token_counts
+from dspark_trt.train.calibrate import CalibrationReport, sts
+from dspark_trt.train.features import FeatureStore
+from dspark_trt.train.loss import LossWeights, dspark_loss, make_t2d
+from dspark_trt.train.model_init import frequent_tokens, init_from_target, new_config
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    gamma: int = 7
+    layers: tuple[int, ...] | None = None  # target taps; None = 5 spread layers
+    num_layers: int = 2
+    markov_rank: int = 64
+    draft_vocab_size: int = 16384  # 0 = full vocabulary
+    lr: float = 1e-3
+    min_lr_frac: float = 0.05
+    warmup_steps: int = 50
+    weight_decay: float = 0.01
+    batch_seqs: int = 8
+    anchors: int = 32
+    max_len: int = 384
+    max_minutes: float = 60.0
+    max_steps: int = 0  # 0 = as many as max_minutes allows
+    seed: int = 0
+    eval_every: int = 300
+    eval_batches: int = 24
+    ckpt_minutes: float = 5.0
+    threads: int = 2
+    topk: int = 16
+    heldout_frac: float = 0.04
+    max_tokens: int = 2_000_000
+    loss: LossWeights = field(default_factory=LossWeights)
+    autocast_bf16: bool = True
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _lr(cfg: TrainConfig, step: int, total: int) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    frac = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
+    return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def _to(b: Batch, dev: torch.device) -> Batch:
+    return Batch(*(getattr(b, f.name).to(dev) for f in dataclasses.fields(Batch)))
+
+
+def forward_loss(model: DSparkModel, b: Batch, t2d: torch.Tensor, cfg: TrainConfig):  # noqa: ANN201
+    """One teacher-forced forward + loss on a batch (→ LossOut, conf_logit [N, γ], match [N, γ])."""
+    dev = b.features.device
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
+        _, logits, conf = model.forward_train(b.features, b.tokens, b.anchors, cfg.gamma)  # [B, A, γ, Vd]
+    G = cfg.gamma
+    lo = dspark_loss(logits.float().reshape(-1, G, logits.shape[-1]), None if conf is None else conf.float().reshape(-1, G),
+                     b.topk_ids.reshape(-1, G, b.topk_ids.shape[-1]), b.topk_logp.reshape(-1, G, b.topk_logp.shape[-1]),
+                     t2d, b.valid.reshape(-1, G), cfg.loss)
+    return lo, logits, conf
+
+
+@torch.no_grad()
+def evaluate(model: DSparkModel, stores: Sequence[FeatureStore], refs: Sequence[SeqRef], t2d: torch.Tensor,
+             cfg: TrainConfig) -> dict[str, Any]:
+    """Teacher-forced held-out metrics: α_k (conditional greedy match), τ estimate, raw confidence logits."""
+    if not refs:
+        return {}
+    model.eval()
+    dev = t2d.device
+    matches, confs, losses = [], [], []
+    for i in range(cfg.eval_batches):
+        rng = np.random.default_rng([cfg.seed, 10**9 + i])
+        pick = [refs[j] for j in rng.integers(0, len(refs), size=cfg.batch_seqs)]
+        b = _to(make_batch(stores, pick, rng, cfg.anchors, cfg.gamma, cfg.max_len), dev)
+        lo, logits, conf = forward_loss(model, b, t2d, cfg)
+        top1 = t2d[b.topk_ids[..., 0]]  # [B, A, γ]
+        matches.append((logits.argmax(-1) == top1).reshape(-1, cfg.gamma).float().cpu())
+        if conf is not None:
+            confs.append(conf.float().reshape(-1, cfg.gamma).cpu())
+        losses.append(float(lo.total.detach()))
+    model.train()
+    m = torch.cat(matches)
+    surv = m.cumprod(-1)
+    reach = torch.cat([torch.ones_like(m[:, :1]), surv[:, :-1]], 1)
+    alpha = (m * reach).sum(0) / reach.sum(0).clamp(min=1)
+    return {"loss": float(np.mean(losses)), "alpha": [round(float(a), 4) for a in alpha],
+            "tau_tf": float(1 + surv.sum(-1).mean()), "match": m, "conf": torch.cat(confs) if confs else None}
+
+
+def _save_state(path: Path, model: DSparkModel, opt: torch.optim.Optimizer, step: int, total: int,
+                elapsed: float, cfg: TrainConfig) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "total": total,
+                "elapsed": elapsed, "cfg": dataclasses.asdict(cfg), "dspark_cfg": model.cfg.to_dict()}, tmp)
+    tmp.replace(path)
+
+
+def export(model: DSparkModel, out: Path, report: CalibrationReport | None = None) -> Path:
+    m = model
+    if report is not None:
+        m.set_temperatures(report.temperatures)
+    return save_dspark(m, out, dtype=torch.bfloat16)
+
+
+def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_dirs: Sequence[Path], out: Path,
+          resume: bool = False) -> dict[str, Any]:
+    """Train, calibrate and export a DSpark drafter to out/drafter; returns a metrics dict (also out/metrics.json)."""
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = _device()
+    stores = [FeatureStore.open(d) for d in store_dirs]
+    refs = eligible(stores, cfg.gamma)
+    if not refs:
+        raise DrafterError("No training sequence is long enough for the block size. Fix: add corpus text or lower --gamma.")
+    train_refs, held_refs = split(refs, cfg.heldout_frac, cfg.seed)
+    embed, head = target_weights(hf_target)
+    state_path = out / "train_state.pt"
+    state = torch.load(state_path, map_location="cpu", weights_only=False) if resume and state_path.exists() else None
+    if state is not None:
+        from dspark_trt.runtime.drafters import DSparkConfig
+        dcfg = DSparkConfig.from_dict(state["dspark_cfg"])
+        model = DSparkModel(dcfg)
+        model.load_state_dict(state["model"])
+        log.info("resuming at step %d (%.1f min done)", state["step"], state["elapsed"] / 60)
+    else:
+        meta = json.loads((Path(store_dirs[0]) / "meta.json").read_text())
+        layers = tuple(meta["layer_ids"])
+        if cfg.layers is not None and tuple(cfg.layers) != layers:
+            raise DrafterError(f"Cached features tap layers {layers}, config asks for {cfg.layers}. Fix: recache.")
+        V = embed.shape[0]
+        dv = cfg.draft_vocab_size if 0 < cfg.draft_vocab_size < V else 0
+        dcfg = new_config(target_dir, layers, cfg.num_layers, cfg.gamma, cfg.markov_rank, dv, embed)
+        dcfg = dcfg.replace(num_anchors=cfg.anchors)
+        model = DSparkModel(dcfg)
+        init_from_target(model, hf_target)
+        if dv:
+            specials = [i for i in dcfg.target_vocab.get("special", {}).values() if isinstance(i, int)]
+            model.d2t.copy_(frequent_tokens(token_counts(stores, train_refs, V), dv, specials))
+    model.to(dev).train()
+    model.attach_target(embed.float().to(dev), head.float().to(dev))
+    t2d = make_t2d(model.d2t, model.cfg.vocab_size)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    step, total, elapsed = 0, cfg.max_steps, 0.0
+    if state is not None:
+        opt.load_state_dict(state["opt"])
+        step, total, elapsed = state["step"], state["total"], state["elapsed"]
+        if cfg.max_steps:
+            total = cfg.max_steps
+        elif state["cfg"].get("max_minutes") != cfg.max_minutes:
+            total = 0  # new time budget: re-estimate the schedule length
+    n_params = sum(p.numel() for p in params)
+    log.info("drafter: %.2fM trainable params, %d layers, taps %s, Vd=%d, γ=%d; %d train / %d held-out seqs",
+             n_params / 1e6, model.cfg.num_hidden_layers, list(model.cfg.target_layer_ids), model.cfg.head_vocab,
+             cfg.gamma, len(train_refs), len(held_refs))
+    budget = cfg.max_minutes * 60
+    t0, last_ckpt = time.time() - elapsed, time.time()
+    s0, ts0 = step, time.time()  # this session's start (for the step-time estimate)
+    history: list[dict[str, Any]] = []
+    bar = tqdm(total=total or None, initial=step, desc="train", unit="step")
+    ema = None
+    while True:
+        now = time.time()
+        if (total and step >= total) or (now - t0) >= budget:
+            break
+        if not total and step == s0 + 10:  # fix the schedule length from the measured step time
+            total = max(step + 1, step + int((budget - (now - t0)) / ((now - ts0) / 10)))
+            bar.total = total
+            log.info("schedule: %d steps in %.1f min", total, cfg.max_minutes)
+        for g in opt.param_groups:
+            g["lr"] = _lr(cfg, step, total or 10**9)
+        rng = np.random.default_rng([cfg.seed, step])
+        pick = [train_refs[j] for j in rng.integers(0, len(train_refs), size=cfg.batch_seqs)]
+        b = _to(make_batch(stores, pick, rng, cfg.anchors, cfg.gamma, cfg.max_len), dev)
+        lo, _, _ = forward_loss(model, b, t2d, cfg)
+        opt.zero_grad(set_to_none=True)
+        lo.total.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        lt = float(lo.total.detach())
+        ema = lt if ema is None else 0.95 * ema + 0.05 * lt
+        bar.update(1)
+        bar.set_postfix(loss=f"{ema:.3f}", ce=f"{float(lo.ce):.2f}", a1=f"{float(lo.acc[0]):.2f}")
+        if cfg.eval_every and step % cfg.eval_every == 0:
+            ev = evaluate(model, stores, held_refs, t2d, cfg)
+            history.append({"step": step, "min": round((time.time() - t0) / 60, 2), "train_loss": round(ema, 4),
+                            "heldout_loss": round(ev.get("loss", 0.0), 4), "alpha": ev.get("alpha"),
+                            "tau_tf": round(ev.get("tau_tf", 0.0), 3)})
+            log.info("step %d: %s", step, history[-1])
+        if time.time() - last_ckpt > cfg.ckpt_minutes * 60:
+            _save_state(state_path, model, opt, step, total, time.time() - t0, cfg)
+            export(model, out / "drafter")
+            last_ckpt = time.time()
+    bar.close()
+    wall = time.time() - t0
+    _save_state(state_path, model, opt, step, total, wall, cfg)
+    ev = evaluate(model, stores, held_refs, t2d, cfg)
+    report = sts(ev["conf"], ev["match"]) if ev and ev.get("conf") is not None else None
+    export(model, out / "drafter", report)
+    metrics = {"steps": step, "wall_minutes": round(wall / 60, 2), "trainable_params": n_params,
+               "train_sequences": len(train_refs), "heldout_sequences": len(held_refs),
+               "train_tokens": int(sum(stores[r.store].seq(r.index)[1] - stores[r.store].seq(r.index)[0] for r in train_refs)),
+               "heldout_alpha_tf": ev.get("alpha"), "heldout_tau_tf": ev.get("tau_tf"), "history": history,
+               "config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str))}
+    if report is not None:
+        metrics["calibration"] = {"temperatures": report.temperatures, "ece_before": report.ece_before,
+                                  "ece_after": report.ece_after, "auc": report.auc, "auc_survival": report.auc_survival,
+                                  "mean_ece_before": report.mean_ece_before, "mean_ece_after": report.mean_ece_after}
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    log.info("done: %d steps in %.1f min; held-out α %s τ_tf %.3f", step, wall / 60, ev.get("alpha"), ev.get("tau_tf", 0))
+    return metrics
