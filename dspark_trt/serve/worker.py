@@ -249,11 +249,19 @@ class InflightBatcher:
             self.metrics.prefill_done(prefilled, prefill_tokens)
 
     def _deliver(self, job: Job, ev: RoundEvent) -> None:
+        try:
+            self._send(job, ev)
+        except Exception:  # noqa: BLE001 - one client's broken stream must not fail the batch
+            log.exception("sending to request %d failed; dropping it", job.rid)
+            if self._jobs.pop(job.rid, None) is not None:
+                self.scheduler.cancel(job.rid)
+
+    def _send(self, job: Job, ev: RoundEvent) -> None:
         if ev.new_tokens and job.t_first is None:
             job.t_first = time.monotonic()
         job.tokens.extend(ev.new_tokens)
         if ev.finished:
-            del self._jobs[job.rid]
+            self._jobs.pop(job.rid, None)
             self.metrics.inc("dspark_requests_total")
             stats = _stats_payload(job, ev) if job.params.return_stats else None
             if job.params.stream:
