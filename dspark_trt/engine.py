@@ -188,6 +188,15 @@ class SpeculativeDecodingEngine:
         self.tokenizer = tokenizer
         self.drafter = None if draft_model is None else _to_drafter(draft_model, self.target, draft_length, dtype,
                                                                     target_dir)
+        own_gamma = getattr(self.drafter, "gamma", None)
+        if own_gamma is not None and int(own_gamma) < draft_length:
+            log.warning("draft_length=%d exceeds the drafter's block size %d; using %d", draft_length, own_gamma,
+                        own_gamma)
+            draft_length = self.draft_length = int(own_gamma)
+            if max_k is not None:
+                max_k = min(max_k, draft_length)
+            if min_k is not None:
+                min_k = min(min_k, draft_length)
         name = policy or ("plain" if self.drafter is None else "seed" if use_confidence_scheduling else "fixed")
         if name != "plain" and self.drafter is None:
             raise InvalidArgumentError(f"policy {name!r} needs a draft_model; pass one or use policy='plain'")

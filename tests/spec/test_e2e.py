@@ -1,0 +1,113 @@
+"""End to end on the real runtime backend (dspark_trt.runtime.backend.SpecBackend): lossless greedy on the tiny
+pair and on the default target, the engine API, and `dspark-trt generate --json`."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from dspark_trt.spec.loop import LoopConfig, generate
+from dspark_trt.spec.protocols import SamplingParams
+from dspark_trt.spec.scheduler import PolicyConfig
+
+backend_mod = pytest.importorskip("dspark_trt.runtime.backend", reason="runtime backend not landed yet")
+
+
+@pytest.fixture(scope="module")
+def tiny_runtime(tiny_pair):  # noqa: ANN001, ANN201
+    from dspark_trt.runtime.drafters import load_drafter
+    from dspark_trt.runtime.hf_loader import load_hf_checkpoint
+
+    target = load_hf_checkpoint(tiny_pair.target, dtype=torch.float32)
+    drafters = {name: load_drafter(getattr(tiny_pair, name), target, dtype=torch.float32,
+                                   target_dir=tiny_pair.target) for name in ("draft", "draft_small")}
+    return target, drafters
+
+
+def _backend(target, drafter, max_batch: int = 4, max_seq: int = 256):  # noqa: ANN001, ANN202
+    return backend_mod.SpecBackend(target, drafter, max_batch=max_batch, max_seq=max_seq)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prompt=st.lists(st.integers(4, 511), min_size=1, max_size=16),
+       policy=st.sampled_from(["fixed", "seed", "survival"]), k=st.integers(1, 7), gamma=st.integers(1, 7),
+       draft=st.sampled_from(["draft", "draft_small"]), n=st.integers(1, 32))
+def test_runtime_speculative_greedy_equals_plain_greedy(tiny_runtime, greedy_oracle, tiny_models, prompt, policy,
+                                                        k, gamma, draft, n) -> None:
+    target, drafters = tiny_runtime
+    pol = PolicyConfig(policy=policy, k=k, min_k=1, max_k=k)
+    spec = generate(_backend(target, drafters[draft]), prompt, n, policy=pol, config=LoopConfig(gamma=gamma))
+    plain = generate(_backend(target, None), prompt, n, policy=PolicyConfig(policy="plain"))
+    assert spec.tokens == plain.tokens
+    assert plain.tokens == greedy_oracle(tiny_models["target"], prompt, n)  # runtime plain == HF greedy
+
+
+def test_engine_generate_matches_hf_greedy_and_reports_stats(tiny_pair, tiny_models) -> None:
+    from transformers import AutoTokenizer
+
+    from dspark_trt.engine import SpeculativeDecodingEngine
+
+    tok = AutoTokenizer.from_pretrained(tiny_pair.tokenizer)
+    eng = SpeculativeDecodingEngine(target_model=tiny_models["target"], draft_model=tiny_models["draft"],
+                                    tokenizer=tok, max_length=128, draft_length=5, temperature=0.8, top_p=0.95)
+    ids = tok.encode("def main():\n    return", return_tensors="pt").to(eng.device)
+    out = eng.generate(input_ids=ids, max_new_tokens=40, do_sample=False)
+    ref = tiny_models["target"].generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=tok.eos_token_id,
+                                         pad_token_id=tok.eos_token_id)
+    assert out.tolist() == ref.tolist()
+    s = eng.stats
+    assert {"total_tokens", "target_calls", "draft_calls", "accepted_tokens", "drafted_tokens", "speedup"} <= set(s)
+    assert s["total_tokens"] == out.shape[1] - ids.shape[1]
+    assert s["target_calls"] < s["total_tokens"] and s["accepted_tokens"] > 0 and s["speedup"] > 0
+    sampled = eng.generate(input_ids=ids, max_new_tokens=20, do_sample=True, seed=3)
+    assert sampled.shape[1] <= ids.shape[1] + 20 and sampled[0, :ids.shape[1]].tolist() == ids[0].tolist()
+    assert eng.stats["drafted_tokens"] > 0
+
+
+def test_generate_cli_json(tiny_pair, capsys) -> None:
+    from dspark_trt.cli import main
+
+    rc = main(["generate", "--prompt", "import os\nimport", "--max-new-tokens", "24", "--policy", "seed",
+               "--target", str(tiny_pair.target), "--draft", str(tiny_pair.draft), "--dtype", "float32",
+               "--gamma", "4", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) >= {"text", "token_ids", "stats"}
+    st_ = out["stats"]
+    assert {"target_calls", "draft_calls", "accepted_tokens", "drafted_tokens", "tau", "rounds"} <= set(st_)
+    assert all(set(r) == {"k", "accepted", "conf"} for r in st_["rounds"])
+    assert 0 < len(out["token_ids"]) <= 24
+    rc = main(["generate", "--prompt", "import os\nimport", "--max-new-tokens", "24", "--policy", "plain",
+               "--target", str(tiny_pair.target), "--dtype", "float32", "--json"])
+    plain = json.loads(capsys.readouterr().out)
+    assert plain["token_ids"] == out["token_ids"] and plain["stats"]["tau"] == 1.0
+
+
+def test_generate_cli_bad_argument_exits_2(tiny_pair, capsys) -> None:
+    from dspark_trt.cli import main
+
+    assert main(["generate", "--prompt", "x", "--top-p", "0", "--target", str(tiny_pair.target)]) == 2
+
+
+@pytest.mark.slow
+def test_default_target_lossless(default_target_dir: Path) -> None:
+    """SmolLM2-135M (bf16 runtime) with the shipped DSpark drafter: speculative greedy == plain greedy."""
+    from dspark_trt.runtime.drafters import default_drafter_dir, load_drafter
+    from dspark_trt.runtime.hf_loader import load_hf_checkpoint, load_tokenizer
+
+    target = load_hf_checkpoint(default_target_dir, dtype=torch.bfloat16)
+    drafter = load_drafter(default_drafter_dir(), target, dtype=torch.bfloat16, target_dir=default_target_dir)
+    tok = load_tokenizer(default_target_dir)
+    prompts = ["def fibonacci(n):", "The capital of France is", "Q: What is 12 * 7?\nA:"]
+    accepted = 0
+    for text, pol in zip(prompts, ["fixed", "seed", "survival"]):
+        ids = tok.encode(text)
+        spec = generate(_backend(target, drafter, 1, 256), ids, 32, policy=PolicyConfig(policy=pol, k=4, max_k=6),
+                        config=LoopConfig(gamma=int(drafter.gamma)))
+        plain = generate(_backend(target, None, 1, 256), ids, 32, policy=PolicyConfig(policy="plain"))
+        assert spec.tokens == plain.tokens, text
+        accepted += spec.stats.accepted_tokens
+    assert accepted > 0
