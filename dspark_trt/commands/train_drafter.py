@@ -40,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=D.seed)
     p.add_argument("--threads", type=int, default=D.threads)
     p.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
+    p.add_argument("--features-only", action="store_true", help="cache target features into OUT/features and stop")
+    p.add_argument("--extra-features", type=Path, nargs="*", default=[],
+                   help="more feature stores (OUT/features of other --features-only runs) to train on")
 
 
 def _features(args: argparse.Namespace, target_dir: Path, layers: tuple[int, ...] | None, cfg: TrainConfig) -> Path:
@@ -84,7 +87,9 @@ def run(args: argparse.Namespace) -> int:
                               threads=args.threads)
     torch.set_num_threads(cfg.threads)
     fdir = _features(args, Path(args.target), layers, cfg)
+    if args.features_only:
+        return 0
     hf = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32)
-    metrics = train(cfg, hf, Path(args.target), [fdir], args.out, resume=args.resume)
+    metrics = train(cfg, hf, Path(args.target), [fdir, *args.extra_features], args.out, resume=args.resume)
     log.info("drafter written to %s (held-out τ_tf %.3f)", args.out / "drafter", metrics.get("heldout_tau_tf") or 0)
     return 0

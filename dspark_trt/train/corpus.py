@@ -37,6 +37,7 @@ def _files(paths: Sequence[Path]) -> list[Path]:
         p = Path(p)
         if p.is_dir():
             out.extend(sorted(f for f in p.rglob("*") if f.is_file() and not f.is_symlink()
+                              and "site-packages" not in f.parts and "__pycache__" not in f.parts
                               and f.suffix in TEXT_SUFFIXES and f.stat().st_size > 200))
         elif p.is_file():
             out.append(p)

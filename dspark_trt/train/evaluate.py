@@ -1,0 +1,142 @@
+"""Honest drafter measurement in the real draft-and-verify loop (spec.loop + runtime.backend.SpecBackend).
+
+Owns: running held-out prompts (train.prompts.HELD_OUT_PROMPTS, never trained on) greedily at fixed K = γ,
+checking the output equals plain greedy decoding (lossless), and reporting τ, acceptance per position,
+and drafter cost (mean propose time) as a fraction of one target decode step and of one verify pass.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from dspark_trt.spec.loop import LoopConfig, generate
+from dspark_trt.spec.protocols import SamplingParams
+from dspark_trt.spec.scheduler import PolicyConfig
+from dspark_trt.spec.stats import SpecStats
+
+log = logging.getLogger(__name__)
+
+
+class _Timed:
+    """Wraps a callable and accumulates its wall time."""
+
+    def __init__(self, fn) -> None:  # noqa: ANN001
+        self.fn, self.total, self.calls = fn, 0.0, 0
+
+    def __call__(self, *a, **kw):  # noqa: ANN002, ANN003, ANN204
+        t = time.perf_counter()
+        out = self.fn(*a, **kw)
+        self.total += time.perf_counter() - t
+        self.calls += 1
+        return out
+
+    @property
+    def mean_ms(self) -> float:
+        return 1000 * self.total / max(1, self.calls)
+
+
+def plain_greedy(target, prompt: Sequence[int], max_new: int, eos: Sequence[int]) -> list[int]:  # noqa: ANN001
+    cache = target.new_cache(1, len(prompt) + max_new + 2)
+    s = torch.tensor([0])
+    logits = target(torch.tensor([list(prompt)]), cache, s, logits="last").logits[0, -1]
+    out: list[int] = []
+    while True:
+        t = int(logits.argmax())
+        out.append(t)
+        if t in eos or len(out) >= max_new:
+            return out
+        logits = target(torch.tensor([[t]]), cache, s, logits="last").logits[0, -1]
+
+
+def decode_step_ms(target, ctx: int = 256, n: int = 8) -> float:  # noqa: ANN001
+    """Mean wall time of one single-token target decode step at context ctx."""
+    cache = target.new_cache(1, ctx + n + 1)
+    s = torch.tensor([0])
+    target(torch.randint(10, 1000, (1, ctx)), cache, s, logits="none")
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        target(torch.tensor([[5]]), cache, s, logits="last")
+        times.append(time.perf_counter() - t)
+    return 1000 * sorted(times)[len(times) // 2]
+
+
+def measure(target, drafter, prompts: Sequence[tuple[str, Sequence[int]]], gammas: Sequence[int],  # noqa: ANN001
+            max_new: int, eos: Sequence[int], check_lossless: bool = True) -> dict[str, Any]:
+    from dspark_trt.runtime.backend import SpecBackend
+
+    max_seq = max(len(p) for _, p in prompts) + max_new + 32
+    backend = SpecBackend(target, drafter, max_batch=1, max_seq=max_seq)
+    backend.draft = _Timed(backend.draft)
+    backend.verify = _Timed(backend.verify)
+    ref = {i: plain_greedy(target, p, max_new, eos) for i, (_, p) in enumerate(prompts)} if check_lossless else {}
+    step_ms = decode_step_ms(target)
+    res: dict[str, Any] = {"decode_step_ms": round(step_ms, 2), "by_gamma": {}}
+    for g in gammas:
+        backend.draft.total = backend.draft.calls = backend.verify.total = backend.verify.calls = 0
+        stats: list[SpecStats] = []
+        by_kind: dict[str, list[SpecStats]] = {}
+        mismatches = 0
+        for i, (kind, p) in enumerate(prompts):
+            r = generate(backend, p, max_new_tokens=max_new, sampling=SamplingParams(),
+                         policy=PolicyConfig(policy="fixed", k=g), eos_ids=eos, config=LoopConfig(gamma=g))
+            if check_lossless and r.tokens != ref[i]:
+                mismatches += 1
+            stats.append(r.stats)
+            by_kind.setdefault(kind, []).append(r.stats)
+        agg = SpecStats().merge(stats)
+        res["by_gamma"][g] = {
+            "tau": round(agg.tau, 3), "acceptance_per_position": [round(x, 3) for x in agg.acceptance_per_position()],
+            "tau_by_kind": {k: round(SpecStats().merge(v).tau, 3) for k, v in by_kind.items()},
+            "draft_ms": round(backend.draft.mean_ms, 2), "verify_ms": round(backend.verify.mean_ms, 2),
+            "draft_cost_vs_decode_step": round(backend.draft.mean_ms / step_ms, 3),
+            "draft_cost_vs_verify": round(backend.draft.mean_ms / max(1e-9, backend.verify.mean_ms), 3),
+            "lossless_mismatches": mismatches}
+        log.info("γ=%d: %s", g, res["by_gamma"][g])
+    return res
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--target", type=Path, required=True)
+    p.add_argument("--drafter", type=Path, required=True)
+    p.add_argument("--gammas", default="4,6,8")
+    p.add_argument("--max-new", type=int, default=96)
+    p.add_argument("--n-prompts", type=int, default=0, help="0 = all held-out prompts")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--json", type=Path, default=None)
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    torch.set_num_threads(a.threads)
+    from dspark_trt.runtime.drafters import load_drafter
+    from dspark_trt.runtime.hf_loader import load_hf_checkpoint, load_tokenizer
+    from dspark_trt.train.chatgen import chat_prompt_ids
+    from dspark_trt.train.prompts import HELD_OUT_PROMPTS
+
+    dt = getattr(torch, a.dtype)
+    target = load_hf_checkpoint(a.target, dtype=dt)
+    drafter = load_drafter(a.drafter, target, dtype=dt, target_dir=a.target)
+    tok = load_tokenizer(a.target)
+    sel = HELD_OUT_PROMPTS
+    if a.n_prompts:  # keep the code/chat/math mix
+        sel = [x for i, x in enumerate(HELD_OUT_PROMPTS) if i % max(1, len(HELD_OUT_PROMPTS) // a.n_prompts) == 0]
+    prompts = [(k, chat_prompt_ids(tok, t)) for k, t in sel]
+    eos = [int(tok.eos_token_id)]
+    res = measure(target, drafter, prompts, [int(g) for g in a.gammas.split(",")], a.max_new, eos)
+    res.update({"prompts": len(prompts), "max_new_tokens": a.max_new, "dtype": a.dtype, "threads": a.threads})
+    text = json.dumps(res, indent=2)
+    if a.json:
+        a.json.write_text(text)
+    log.info("%s", text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
