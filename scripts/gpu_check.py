@@ -240,6 +240,8 @@ def _tile_sweep(peak: float) -> list[dict[str, Any]]:
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
                     num_kv_heads=3, head_dim=64, rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
                     max_position_embeddings=8192)
+SMOKE_SHAPE = dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
+                   head_dim=16)
 
 
 def _random_target() -> Any:
@@ -247,7 +249,7 @@ def _random_target() -> Any:
     from dspark_trt.runtime.model import CausalLM
 
     torch.manual_seed(0)
-    cfg = dict(SMOLLM2_135M, num_layers=2) if SMOKE else SMOLLM2_135M
+    cfg = dict(SMOLLM2_135M, **SMOKE_SHAPE) if SMOKE else SMOLLM2_135M
     model = CausalLM(ModelConfig(**cfg), dtype=torch.bfloat16).to(DEV)
     with torch.no_grad():
         for p in model.parameters():
@@ -261,7 +263,7 @@ def runtime_tokens_per_s() -> dict[str, Any]:
     prompt, new = (64, 128) if not SMOKE else (8, 8)
     # plain decoding straight on CausalLM (needs only runtime/model.py)
     cache = target.new_cache(1, prompt + new + 16)
-    ids = torch.randint(0, SMOLLM2_135M["vocab_size"], (1, prompt), device=DEV)
+    ids = torch.randint(0, target.config.vocab_size, (1, prompt), device=DEV)
     slots = torch.zeros(1, dtype=torch.long, device=DEV)
     sync()
     t = time.monotonic()
@@ -278,7 +280,49 @@ def runtime_tokens_per_s() -> dict[str, Any]:
         out["spec_loop"] = f"skipped: module not available: {exc.name}"
     except Exception as exc:  # noqa: BLE001
         out["spec_loop"] = f"error: {type(exc).__name__}: {exc}"
+    if left() > 90:
+        try:
+            out["tiny_pair"] = _tiny_pair_loop()
+        except ModuleNotFoundError as exc:
+            out["tiny_pair"] = f"skipped: module not available: {exc.name}"
+        except Exception as exc:  # noqa: BLE001
+            out["tiny_pair"] = f"error: {type(exc).__name__}: {exc}"
     return out
+
+
+def _tiny_pair_loop() -> dict[str, Any]:
+    """Plain vs LM-drafter speculation on the tiny test pair (draft ≈ 60 % greedy agreement): real τ > 1 on CUDA,
+    tokens/s dominated by launch latency (2-layer, 64-hidden models)."""
+    import tempfile
+
+    from dspark_trt.runtime.backend import SpecBackend
+    from dspark_trt.runtime.drafters.loader import load_drafter
+    from dspark_trt.runtime.hf_loader import load_hf_checkpoint
+    from dspark_trt.spec.loop import generate
+    from dspark_trt.spec.scheduler import PolicyConfig
+    from dspark_trt.testing.tiny import default_tiny_root, make_tiny_pair
+
+    # smoke mode reuses the tests' cached pair; on the GPU host a fresh one is built (~10 s)
+    pair = make_tiny_pair(default_tiny_root() if SMOKE else Path(tempfile.mkdtemp(prefix="dspark_tiny_")))
+    target = load_hf_checkpoint(pair.target, dtype=torch.float32).to(DEV)
+    res: dict[str, Any] = {"model": "tiny test pair (dspark_trt.testing.tiny), fp32"}
+    prompt_ids = list(range(5, 37))
+    new = 16 if SMOKE else 96
+    outputs: dict[str, list[int]] = {}
+    for name, drafter, policy in (("plain", None, PolicyConfig(policy="plain")),
+                                  ("lm_fixed4", load_drafter(pair.draft, target, dtype=torch.float32),
+                                   PolicyConfig(policy="fixed", k=4))):
+        backend = SpecBackend(target, drafter, max_batch=1, max_seq=len(prompt_ids) + new + 32)
+        generate(backend, prompt_ids, max_new_tokens=4, policy=policy)  # warmup
+        sync()
+        t = time.monotonic()
+        r = generate(backend, prompt_ids, max_new_tokens=new, policy=policy)
+        sync()
+        res[f"{name}_tok_s"] = round(len(r.tokens) / (time.monotonic() - t), 1)
+        res[f"{name}_rounds"] = _summary(r.stats)
+        outputs[name] = list(r.tokens)
+    res["greedy_lossless"] = outputs["plain"] == outputs["lm_fixed4"]  # speculation must not change greedy output
+    return res
 
 
 def _spec_loop(target: Any, prompt: int, new: int) -> dict[str, Any]:
@@ -290,8 +334,9 @@ def _spec_loop(target: Any, prompt: int, new: int) -> dict[str, Any]:
 
     c = target.config
     taps = (0, 1) if SMOKE else (1, 10, 19, 28)
-    cfg = DSparkConfig(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_attention_heads=9,
-                       num_key_value_heads=3, head_dim=64, vocab_size=c.vocab_size, target_layer_ids=taps,
+    cfg = DSparkConfig(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                       num_attention_heads=c.num_heads, num_key_value_heads=c.num_kv_heads, head_dim=c.head_dim,
+                       vocab_size=c.vocab_size, target_layer_ids=taps,
                        num_target_layers=c.num_layers, mask_token_id=0, block_size=7, markov_rank=64)
     torch.manual_seed(1)
     dmodel = DSparkModel(cfg).to(device=DEV, dtype=torch.bfloat16)
@@ -308,8 +353,19 @@ def _spec_loop(target: Any, prompt: int, new: int) -> dict[str, Any]:
         r = generate(backend, prompt_ids, max_new_tokens=new, policy=policy)
         sync()
         res[f"{name}_tok_s"] = round(len(r.tokens) / (time.monotonic() - t), 1)
-        res[f"{name}_stats"] = str(r.stats)[:300]
+        res[f"{name}_rounds"] = _summary(r.stats)
     return res
+
+
+def _summary(stats: Any) -> str:
+    """τ (committed per target forward) and acceptance from spec.stats.SpecStats, tolerant of its shape."""
+    rounds = list(getattr(stats, "rounds", []) or [])
+    if not rounds:
+        return str(stats)[:200]
+    k = sum(int(getattr(r, "k", 0)) for r in rounds)
+    acc = sum(int(getattr(r, "accepted", 0)) for r in rounds)
+    com = sum(int(getattr(r, "committed", 0)) for r in rounds)
+    return f"{len(rounds)} rounds, tau={com / len(rounds):.2f}, acceptance={acc / k if k else 0.0:.2f}"
 
 
 # ------------------------------------------------------------------------------------------------ report

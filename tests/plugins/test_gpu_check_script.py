@@ -22,4 +22,7 @@ def test_gpu_check_smoke(tmp_path: Path) -> None:
         assert rep[name]["status"] == "ok" and rep[name]["parity_failures"] == 0, rep[name]
     assert rep["bandwidth"]["status"] == "skipped"
     assert rep["runtime"]["status"] == "ok" and rep["runtime"]["plain_causallm_tok_s"] > 0
+    tiny = rep["runtime"].get("tiny_pair")
+    if isinstance(tiny, dict):  # present once runtime/backend.py and the LM drafter exist
+        assert tiny["greedy_lossless"] is True, tiny
     assert (tmp_path / "report.md").read_text().startswith("# dspark GPU check")
