@@ -40,7 +40,7 @@ def shard_state(state: dict[str, torch.Tensor], cfg: dict[str, Any], tp: int) ->
     ranks: list[dict[str, torch.Tensor]] = [{} for _ in range(tp)]
     for name, t in state.items():
         per_tensor = t.dim() == 0 or t.numel() == 1
-        if ".attention.qkv." in name and not per_tensor:
+        if ".attention.qkv." in name and not per_tensor and not name.endswith("prequant_scaling_factor"):
             q, k, v = t[:q_n].chunk(tp, 0), t[q_n:q_n + kv_n].chunk(tp, 0), t[q_n + kv_n:].chunk(tp, 0)
             parts = [torch.cat((q[r], k[r], v[r]), 0) for r in range(tp)]
         elif any(s in name for s in ("mlp.fc.", "mlp.gate.", "lm_head.", "vocab_embedding.")) and not per_tensor \

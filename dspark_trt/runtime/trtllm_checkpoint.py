@@ -91,7 +91,7 @@ def reassemble_ranks(ranks: Sequence[dict[str, torch.Tensor]], cfg: dict[str, An
         parts = [st[name] for st in ranks]
         p0 = parts[0]
         per_tensor = p0.dim() == 0 or p0.numel() == 1
-        if ".attention.qkv." in name and not per_tensor:
+        if ".attention.qkv." in name and not per_tensor and not name.endswith("prequant_scaling_factor"):
             split = [_split_qkv(p, q_r, kv_r) for p in parts]
             out[name] = torch.cat([torch.cat([s[i] for s in split], 0) for i in range(3)], 0)
         elif "vocab_embedding" in name and not cfg.get("use_parallel_embedding", False):

@@ -39,13 +39,16 @@ class Builds:
     def __init__(self, root: Path, tiny_pair) -> None:  # noqa: ANN001
         self.root, self.pair, self.done = root, tiny_pair, {}
 
+    def spec(self, name: str, **kw: object) -> BuildSpec:
+        args = dict(FAST, target=str(self.pair.target), draft=str(self.pair.draft), output=str(self.root / name))
+        args.update(kw)
+        return BuildSpec(**args)
+
     def get(self, name: str, **kw: object) -> Path:
         if name not in self.done:
             from dspark_trt.build.pipeline import run_build
 
-            args = dict(FAST, target=str(self.pair.target), draft=str(self.pair.draft), output=str(self.root / name))
-            args.update(kw)
-            run_build(BuildSpec(**args), quiet=True)
+            run_build(self.spec(name, **kw), quiet=True)
             self.done[name] = self.root / name
         return self.done[name]
 
