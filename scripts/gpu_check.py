@@ -155,13 +155,28 @@ def parity_dispatch() -> dict[str, Any]:
     from dspark_trt.spec import accept as ref
     from dspark_trt.spec.protocols import SamplingParams
 
-    a = _accept_inputs(8, 4, 49152 if not SMOKE else 500, torch.bfloat16, seed=42, sampled=False)
+    v = 49152 if not SMOKE else 500
     if not SMOKE:
-        assert dispatch.use_kernels(a["logits"].cuda()), "dispatch.use_kernels is False on CUDA"
-    got = dispatch.accept(a["logits"].to(DEV), a["draft"].to(DEV), a["k"].to(DEV), None, [SamplingParams()] * 8)
+        assert dispatch.use_kernels(torch.zeros(1, device="cuda")), "dispatch.use_kernels is False on CUDA"
+    checks = {}
+    # greedy; draft and k stay on CPU (as the spec loop's DraftBlock delivers them), logits on the device
+    a = _accept_inputs(8, 4, v, torch.bfloat16, seed=42, sampled=False)
+    got = dispatch.accept(a["logits"].to(DEV), a["draft"], a["k"], None, [SamplingParams()] * 8)
     want = ref.greedy_accept(a["logits"], a["draft"], a["k"])
-    ok = torch.equal(got.next_token.cpu(), want.next_token) and torch.equal(got.accepted.cpu(), want.accepted)
-    return {"status": "ok" if ok else "fail", "parity_failures": int(not ok)}
+    checks["greedy_mixed_devices"] = torch.equal(got.next_token.cpu(), want.next_token) and \
+        torch.equal(got.accepted.cpu(), want.accepted)
+    # sampled, q on CPU; then top_p < 1 (reference fallback on CPU, results returned on the device)
+    a = _accept_inputs(8, 4, v, torch.bfloat16, seed=43, sampled=True)
+    for name, top_p in (("sampled_mixed_devices", 1.0), ("top_p_fallback", 0.9)):
+        sp = [SamplingParams(temperature=float(t), top_p=top_p, seed=int(s))
+              for t, s in zip(a["temperature"], a["seeds"])]
+        got = dispatch.accept(a["logits"].to(DEV), a["draft"], a["k"], a["q"], sp, positions=a["positions"])
+        want = ref.sample_accept(a["logits"], a["draft"], a["q"], a["k"], a["temperature"], torch.full((8,), top_p),
+                                 a["seeds"] & 0xFFFFFFFF, a["positions"])
+        checks[name] = got.next_token.device.type == DEV and torch.equal(got.next_token.cpu(), want.next_token) \
+            and torch.equal(got.accepted.cpu(), want.accepted)
+    fails = sum(not ok for ok in checks.values())
+    return {"status": "ok" if fails == 0 else "fail", "checks": checks, "parity_failures": fails}
 
 
 # -------------------------------------------------------------------------------------------- bandwidth

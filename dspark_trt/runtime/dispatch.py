@@ -36,13 +36,25 @@ def triton_available() -> bool:
 
 
 def use_kernels(*tensors: torch.Tensor | None) -> bool:
-    """Kernels run when every given tensor is on CUDA, Triton imports and DSPARK_KERNELS != 0."""
+    """Kernels run when every given tensor is on CUDA, Triton imports and DSPARK_KERNELS != 0.
+
+    Callers pass the big tensor (logits / backbone logits) that decides the device; small companions (draft
+    tokens, k, positions, a CPU q) are moved to it, so a CPU DraftBlock with CUDA logits still uses kernels."""
     if os.environ.get(_ENV_SWITCH, "1") == "0":
         return False
     present = [t for t in tensors if t is not None]
     if not present or not all(t.is_cuda for t in present):
         return False
     return triton_available()
+
+
+def _on(t: torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    return None if t is None else t.to(device)
+
+
+def _result_to(res: Any, device: torch.device) -> Any:
+    """AcceptResult with every tensor field moved to `device`."""
+    return type(res)(**{f: getattr(res, f).to(device) for f in ("accepted", "next_token", "top1", "margin")})
 
 
 def _spec_accept() -> Any:
@@ -100,20 +112,28 @@ def accept(
         raise InvalidArgumentError(
             "accept: sampled requests need positions [B] (absolute position of d_1 = committed length incl. "
             "the prompt) for the counter-based RNG; pass positions=...")
-    if greedy:
-        if use_kernels(logits, draft, k):
-            from plugins import api  # local import: keeps triton out of CPU-only imports
+    dev = logits.device
+    fused = use_kernels(logits) and (greedy or all(s.top_p >= 1.0 for s in sampling))
+    if fused:
+        from plugins import api  # local import: keeps triton out of CPU-only imports
 
+        draft, k = draft.to(dev), k.to(dev)
+        if greedy:
             return api.greedy_accept(logits, draft, k)
-        return _spec_accept().greedy_accept(logits, draft, k)
-    temperature, top_p, seeds = sampling_tensors(sampling, logits.device)
-    assert positions is not None
-    positions = positions.to(device=logits.device, dtype=torch.int64)
-    if use_kernels(logits, draft, k, q) and all(s.top_p >= 1.0 for s in sampling):
-        from plugins import api
-
-        return api.sample_accept(logits, draft, q, k, temperature, top_p, seeds, positions)
-    return _spec_accept().sample_accept(logits, draft, q, k, temperature, top_p, seeds, positions)
+        temperature, top_p, seeds = sampling_tensors(sampling, dev)
+        assert positions is not None
+        return api.sample_accept(logits, draft, _on(q, dev), k, temperature, top_p, seeds, positions.to(dev))
+    # torch reference (spec.accept is written for one device: run it on CPU, hand results back on `dev`)
+    cpu = torch.device("cpu")
+    ref = _spec_accept()
+    if greedy:
+        res = ref.greedy_accept(logits.to(cpu), draft.to(cpu), k.to(cpu))
+    else:
+        temperature, top_p, seeds = sampling_tensors(sampling, cpu)
+        assert positions is not None
+        res = ref.sample_accept(logits.to(cpu), draft.to(cpu), _on(q, cpu), k.to(cpu), temperature, top_p, seeds,
+                                positions.to(cpu))
+    return res if dev == cpu else _result_to(res, dev)
 
 
 def markov_block(
@@ -135,10 +155,13 @@ def markov_block(
         raise InvalidArgumentError(
             f"markov_block expects U [B, γ, V] and B sampling params; got {tuple(backbone_logits.shape)} and "
             f"{len(sampling)}")
-    temperature, top_p, seeds = sampling_tensors(sampling, backbone_logits.device)
-    positions = positions.to(device=backbone_logits.device, dtype=torch.int64)
-    extra = dict(d2t=d2t, conf_bias=conf_bias, w_conf=w_conf, conf_temp=conf_temp)
-    if use_kernels(backbone_logits, anchor, w1, w2) and all(s.top_p >= 1.0 for s in sampling):
+    dev = backbone_logits.device
+    temperature, top_p, seeds = sampling_tensors(sampling, dev)
+    positions = positions.to(device=dev, dtype=torch.int64)
+    anchor = anchor.to(dev)
+    extra = dict(d2t=_on(d2t, dev), conf_bias=_on(conf_bias, dev), w_conf=_on(w_conf, dev),
+                 conf_temp=_on(conf_temp, dev))
+    if use_kernels(backbone_logits, w1, w2) and all(s.top_p >= 1.0 for s in sampling):
         from plugins import api
 
         return api.markov_block(backbone_logits, anchor, w1, w2, temperature, seeds, positions, **extra)

@@ -65,3 +65,27 @@ def test_markov_block_routes_to_reference() -> None:
     got = dispatch.markov_block(u, anchor, w1, w2, sp, pos)
     want = reference.markov_block(u, anchor, w1, w2, torch.tensor([0.7, 0.0]), torch.tensor([5, 0]), pos)
     assert torch.equal(got.tokens, want.tokens) and torch.allclose(got.q, want.q)
+
+
+def test_kernel_branch_under_interpreter(monkeypatch: pytest.MonkeyPatch, interpreted_kernels: object) -> None:
+    """Force the kernel branch on CPU (Triton interpreter): same results as the reference; top_p < 1 falls back."""
+    calls: list[str] = []
+    monkeypatch.setattr(dispatch, "use_kernels", lambda *t: True)
+    real_sample = interpreted_kernels.sample_accept  # type: ignore[attr-defined]
+
+    def spy(*a: object, **kw: object) -> object:
+        calls.append("kernel")
+        return real_sample(*a, **kw)
+
+    monkeypatch.setattr(interpreted_kernels, "sample_accept", spy)
+    logits, draft, k, q = _batch(3, 3, 300)
+    g = dispatch.accept(logits, draft, k, None, [SamplingParams()] * 3)
+    want = ref.greedy_accept(logits, draft, k)
+    assert torch.equal(g.accepted, want.accepted) and torch.equal(g.next_token, want.next_token)
+    sp = [SamplingParams(temperature=0.9, seed=s) for s in range(3)]
+    pos = torch.tensor([4, 5, 6])
+    got = dispatch.accept(logits, draft, k, q, sp, positions=pos)
+    want = ref.sample_accept(logits, draft, q, k, torch.full((3,), 0.9), torch.ones(3), torch.arange(3), pos)
+    assert torch.equal(got.next_token, want.next_token) and calls == ["kernel"]
+    dispatch.accept(logits, draft, k, q, [SamplingParams(temperature=0.9, top_p=0.5)] * 3, positions=pos)
+    assert calls == ["kernel"]  # nucleus sampling went to the reference
