@@ -71,7 +71,7 @@ def generate_answers(target_dir: Path, prompts: Sequence[str], out: Path, batch_
     return n
 
 
-def main() -> None:  # python -m dspark_trt.train.chatgen TARGET OUT [N]
+def main() -> None:  # python -m dspark_trt.train.chatgen TARGET OUT [N] [BATCH] [THREADS]
     import sys
 
     from dspark_trt.train.prompts import training_prompts
@@ -80,7 +80,8 @@ def main() -> None:  # python -m dspark_trt.train.chatgen TARGET OUT [N]
     target, out = Path(sys.argv[1]), Path(sys.argv[2])
     n = int(sys.argv[3]) if len(sys.argv) > 3 else None
     bs = int(sys.argv[4]) if len(sys.argv) > 4 else 64
-    total = generate_answers(target, training_prompts(0, n), out, batch_size=bs)
+    threads = int(sys.argv[5]) if len(sys.argv) > 5 else 2
+    total = generate_answers(target, training_prompts(0, n), out, batch_size=bs, threads=threads)
     log.info("%d records in %s", total, out)
 
 

@@ -101,10 +101,14 @@ def cache_features(target: HFTarget, sequences: Sequence[Sequence[int]], starts:
     bar = tqdm(total=N, desc="features", unit="tok")
     j = 0
     while j < len(order):
+        group = [order[j]]
         width = len(seqs[order[j]])
-        nb = max(1, min(64, batch_tokens // width))
-        group = order[j:j + nb]
-        width = max(len(seqs[i]) for i in group)
+        while j + len(group) < len(order) and len(group) < 64:
+            w = max(width, len(seqs[order[j + len(group)]]))
+            if w * (len(group) + 1) > batch_tokens:
+                break
+            group.append(order[j + len(group)])
+            width = w
         ids = torch.zeros(len(group), width, dtype=torch.long)
         attn = torch.zeros_like(ids)
         for r, i in enumerate(group):
@@ -114,8 +118,10 @@ def cache_features(target: HFTarget, sequences: Sequence[Sequence[int]], starts:
         if feats is None:
             F = f.shape[-1]
             feats = np.memmap(out / "features.bin", dtype=np.uint16, mode="w+", shape=(N, F))
-        lp = torch.log_softmax(logits, dim=-1)
-        top = lp.topk(topk, dim=-1)
+        top = logits.topk(topk, dim=-1)  # [b, T, k]
+        lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [b, T, 1]
+        top = torch.return_types.topk((top.values - lse, top.indices))
+        del logits
         for r, i in enumerate(group):
             a, n = int(offsets[j + r]), len(seqs[i])
             tokens[a:a + n] = seqs[i]

@@ -68,8 +68,10 @@ def init_from_target(model: DSparkModel, hf_target: torch.nn.Module) -> None:
 
 
 def frequent_tokens(counts: torch.Tensor, size: int, always: Sequence[int] = ()) -> torch.Tensor:
-    """counts [V] → d2t [size] long: the `size` most frequent target ids (plus `always`), sorted by id."""
-    c = counts.clone().double()
+    """counts [V] → d2t [size] long: the `size` most frequent target ids (plus `always`), sorted by id.
+    Ties (notably unseen tokens) go to lower ids: byte-level BPE ids follow merge order, a frequency prior."""
+    V = counts.numel()
+    c = counts.clone().double() + 0.5 * (V - torch.arange(V, dtype=torch.float64)) / V
     for t in always:
         c[t] = float("inf")
     top = torch.topk(c, size).indices
