@@ -124,8 +124,9 @@ def parity_block_draft() -> dict[str, Any]:
     from plugins.block_draft import reference as R
 
     rows, fails = [], 0
-    cases = shapes([(4, 7, 49152, 64, torch.bfloat16), (16, 5, 8192, 256, torch.float32),
-                    (2, 7, 49152, 256, torch.bfloat16)], [(2, 3, 700, 16, torch.bfloat16)])
+    cases = shapes([(4, 7, 49152, 64, torch.bfloat16), (20, 5, 8192, 256, torch.float32),
+                    (2, 7, 49152, 256, torch.bfloat16), (33, 7, 49152, 256, torch.bfloat16)],
+                   [(2, 3, 700, 16, torch.bfloat16)])
     for i, (b, gamma, v, r, wdt) in enumerate(cases):
         g = torch.Generator().manual_seed(100 + i)
         t = torch.rand(b, generator=g) + 0.5
@@ -137,15 +138,16 @@ def parity_block_draft() -> dict[str, Any]:
                  positions=torch.randint(0, 4000, (b,), generator=g), conf_bias=torch.randn(b, gamma, generator=g),
                  w_conf=torch.randn(r, generator=g) * 0.1, conf_temp=torch.rand(gamma, generator=g) + 0.5)
         want = R.markov_block(**a)
-        got = api.markov_block(**_cuda(a))
-        sync()
-        mism = int((got.tokens.cpu() != want.tokens).sum())
-        qerr = float((got.q.cpu() - want.q).abs().max())
-        cerr = float((got.conf.cpu() - want.conf).abs().max())
-        ok = mism == 0 and qerr < (1e-4 if wdt == torch.float32 else 1e-2) and cerr < 1e-4
-        fails += not ok
-        rows.append(dict(B=b, gamma=gamma, V=v, r=r, weights=str(wdt).replace("torch.", ""), token_mismatch=mism,
-                         max_q_err=qerr, max_conf_err=cerr, ok=ok))
+        for impl in ("one", "split"):
+            got = api.markov_block(**_cuda(a), impl=impl)
+            sync()
+            mism = int((got.tokens.cpu() != want.tokens).sum())
+            qerr = float((got.q.cpu() - want.q).abs().max())
+            cerr = float((got.conf.cpu() - want.conf).abs().max())
+            ok = mism == 0 and qerr < (1e-4 if wdt == torch.float32 else 1e-2) and cerr < 1e-4
+            fails += not ok
+            rows.append(dict(impl=impl, B=b, gamma=gamma, V=v, r=r, weights=str(wdt).replace("torch.", ""),
+                             token_mismatch=mism, max_q_err=qerr, max_conf_err=cerr, ok=ok))
     return {"status": "ok" if fails == 0 else "fail", "cases": rows, "parity_failures": fails}
 
 
@@ -249,6 +251,32 @@ def _tile_sweep(peak: float) -> list[dict[str, Any]]:
     finally:
         launch.BLOCK_V, launch.NUM_WARPS, launch.TARGET_PROGRAMS = saved
     return out
+
+
+def markov_timing() -> dict[str, Any]:
+    """ms per γ = 7 block of the one-launch vs the split Markov kernels (Vd 49152, r 256, bf16 weights)."""
+    from plugins import api
+    from plugins.block_draft import launch
+
+    if SMOKE:
+        return {"status": "skipped", "reason": "smoke mode (CPU): no timing"}
+    v, r, gamma = 49152, 256, 7
+    w1 = torch.randn(v, r, device="cuda").mul_(0.05).bfloat16()
+    w2 = torch.randn(v, r, device="cuda").mul_(0.05).bfloat16()
+    rows = []
+    for b in (1, 8, 32, 64):
+        if left() < 30:
+            break
+        a = dict(backbone_logits=torch.randn(b, gamma, v, device="cuda"),
+                 anchor=torch.randint(0, v, (b,), device="cuda"),
+                 w1=w1, w2=w2, temperature=torch.full((b,), 0.8, device="cuda"),
+                 seeds=torch.arange(b, device="cuda"), positions=torch.full((b,), 100, device="cuda"))
+        row: dict[str, Any] = dict(B=b)
+        for impl in ("one", "split"):
+            row[f"{impl}_ms"] = round(_time_cuda(lambda: api.markov_block(**a, impl=impl), 5) * 1e3, 3)
+        row["auto"] = launch.choose_impl(b, True)
+        rows.append(row)
+    return {"cases": rows, "W2_MB_per_step": round(v * r * 2 / 1e6, 1)}
 
 
 # ---------------------------------------------------------------------------------------------- runtime
@@ -386,7 +414,7 @@ def _summary(stats: Any) -> str:
 # ------------------------------------------------------------------------------------------------ report
 def markdown(rep: dict[str, Any]) -> str:
     lines = ["# dspark GPU check", "", f"- device: {rep['env'].get('device')}", f"- verdict: **{rep['verdict']}**", ""]
-    for name in ("parity_accept", "parity_block_draft", "parity_dispatch", "bandwidth", "runtime"):
+    for name in ("parity_accept", "parity_block_draft", "parity_dispatch", "bandwidth", "markov_timing", "runtime"):
         sec = rep.get(name, {})
         lines += [f"## {name}: {sec.get('status')} ({sec.get('seconds', 0)} s)", ""]
         if "reason" in sec:
@@ -426,6 +454,7 @@ def main() -> int:
         section(rep, "parity_block_draft", parity_block_draft)
         section(rep, "parity_dispatch", parity_dispatch)
         section(rep, "bandwidth", bandwidth)
+        section(rep, "markov_timing", markov_timing)
         section(rep, "runtime", runtime_tokens_per_s)
         bad = [n for n in ("parity_accept", "parity_block_draft", "parity_dispatch")
                if rep.get(n, {}).get("status") != "ok"]

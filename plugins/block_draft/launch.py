@@ -7,6 +7,7 @@ sends such batches to the reference.
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 import triton
@@ -18,6 +19,16 @@ log = logging.getLogger(__name__)
 
 NUM_WARPS = 4
 MAX_TILE_ELEMS = 8192  # BLOCK_R * BLOCK_V held in registers per program
+SPLIT_MIN_BATCH = 8  # provisional (no GPU measurement yet): from here on W2 is shared across requests (split.py)
+
+
+def choose_impl(batch: int, on_cuda: bool) -> str:
+    """'one' (one launch, a program per request) or 'split' (2 launches per step, W2 read once per 16 requests).
+    DSPARK_MARKOV_IMPL=one|split overrides; the interpreter always gets 'one' unless overridden."""
+    forced = os.environ.get("DSPARK_MARKOV_IMPL")
+    if forced in ("one", "split"):
+        return forced
+    return "split" if on_cuda and batch >= SPLIT_MIN_BATCH else "one"
 
 
 def tiles(rank: int) -> tuple[int, int]:
@@ -45,13 +56,20 @@ def markov_block(
     conf_bias: torch.Tensor | None = None,  # [B, γ]
     w_conf: torch.Tensor | None = None,  # [r]
     conf_temp: torch.Tensor | None = None,  # [γ]
+    impl: str | None = None,  # "one" | "split" | None (choose_impl)
 ) -> MarkovBlock:
-    """γ Markov steps in one launch → MarkovBlock(tokens [B, γ], q [B, γ, Vd], conf [B, γ] | None)."""
+    """γ Markov steps → MarkovBlock(tokens [B, γ], q [B, γ, Vd], conf [B, γ] | None): one launch, or the
+    batched split variant for larger batches (see choose_impl)."""
     b, gamma, vd, r = check_shapes(backbone_logits, w1, w2)
     if not supports_sampling(top_p):
         from dspark_trt.errors import InvalidArgumentError
 
         raise InvalidArgumentError("fused markov_block supports top_p = 1 only; use plugins.block_draft.reference")
+    if (impl or choose_impl(b, backbone_logits.is_cuda)) == "split":
+        from plugins.block_draft.split import markov_block_split
+
+        return markov_block_split(backbone_logits, anchor, w1, w2, temperature, seeds, positions, d2t, conf_bias,
+                                  w_conf, conf_temp)
     dev = backbone_logits.device
     u = backbone_logits if backbone_logits.stride(-1) == 1 else backbone_logits.contiguous()
     w1 = w1.contiguous()

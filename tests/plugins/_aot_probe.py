@@ -19,6 +19,7 @@ _fake_trt.install()
 
 from plugins import trt as all_trt  # noqa: E402
 from plugins.block_draft import trt as bd  # noqa: E402
+from plugins.block_draft.split import compile_split  # noqa: E402
 from plugins.fused_accept import trt as fa  # noqa: E402
 
 D = _fake_trt.TensorDesc
@@ -73,7 +74,7 @@ def main() -> None:
         *margs, 1, 1, outputs=mouts, tactic=0), bd.MARKOV.user_params))
     shapes = dict(stats=[pf.shape, pi.shape], finalize=[o.shape for o in outs], markov=[o.shape for o in mouts])
     extra_compiles = [fa.compile_stats("float32").name, fa.compile_finalize("float32", 1, False).name,
-                      bd.compile_markov(16, "float32", "float32", False, False).name]
+                      bd.compile_markov(16, "float32", "float32", False, False).name, *compile_split(256)]
     print(json.dumps(dict(ids=list(ids), rows=rows, shapes=shapes, extra_compiles=extra_compiles)))
 
 

@@ -96,3 +96,14 @@ def test_reference_sampling_uses_draft_stream() -> None:
         a["seeds"] = torch.tensor([s])
         others.add(int(R.markov_block(**a).tokens[0, 0]))
     assert len(others) > 1
+
+
+@pytest.mark.parametrize("wdtype,d2t", [(torch.float32, False), (torch.bfloat16, True)])
+def test_split_variant_matches_reference(interpreted_kernels: ModuleType, wdtype: torch.dtype, d2t: bool) -> None:
+    """The batched vocabulary-split variant (2 launches per step): 18 requests = two request blocks of 16."""
+    a = _inputs(18, 2, 400, 300, 16, wdtype, seed=77, d2t=d2t, greedy_rows=5)
+    got = interpreted_kernels.markov_block(**a, impl="split")
+    want = R.markov_block(**a)
+    assert torch.equal(got.tokens, want.tokens), (got.tokens, want.tokens)
+    torch.testing.assert_close(got.q, want.q, atol=1e-5 if wdtype == torch.float32 else 5e-3, rtol=1e-3)
+    torch.testing.assert_close(got.conf, want.conf, atol=1e-5, rtol=1e-5)
