@@ -143,3 +143,10 @@ def plain_greedy(model: torch.nn.Module, prompt: Sequence[int], n: int) -> list[
 @pytest.fixture(scope="session")
 def greedy_oracle():  # noqa: ANN201
     return plain_greedy
+
+
+@pytest.fixture(autouse=True)
+def _single_thread():  # noqa: ANN202
+    """Spec tests run tiny models: one thread is far faster on the shared box (restored after each test)."""
+    with one_thread():
+        yield
