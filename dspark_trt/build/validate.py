@@ -162,9 +162,12 @@ def validate(spec: BuildSpec, out_dir: Path) -> ValidatedPair:
         from dspark_trt.runtime.drafters import DSparkConfig
 
         try:
-            DSparkConfig.from_dict(dcfg)
+            block = DSparkConfig.from_dict(dcfg).block_size
         except Exception as e:  # DrafterError with its own fix
             raise CheckpointError(f"The draft checkpoint {draft}: {e}") from e
+        if spec.max_draft_len > block:
+            raise BuildError(f"--max-draft-len {spec.max_draft_len} exceeds the DSpark drafter's block size {block} "
+                             f"({draft}); pass --max-draft-len {block} or less (γ cannot exceed what the drafter proposes).")
     else:
         kind = "lm"
         draft_arch = check_architecture(dcfg, draft, "draft")

@@ -103,14 +103,25 @@ def test_not_enough_disk(tiny_pair, tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_dspark_drafter_vocab_checked(tiny_pair, tiny_dspark: Path, tmp_path: Path) -> None:  # noqa: ANN001
-    v = validate(_spec(tiny_pair, tmp_path, draft=tiny_dspark), tmp_path / "out")
+    spec = _spec(tiny_pair, tmp_path, draft=tiny_dspark)
+    with pytest.raises(BuildError, match="--max-draft-len 7 exceeds the DSpark drafter's block size 4"):
+        validate(spec, tmp_path / "out")
+    v = validate(spec.replace(max_draft_len=4), tmp_path / "out")
     assert v.draft_kind == "dspark"
     d = _copy(tiny_dspark, tmp_path / "d")
     cfg = json.loads((d / "config.json").read_text())
     cfg["target_vocab"]["size"] = 999
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(VocabularyMismatchError, match="^The draft model and target model must have the same vocabulary"):
-        validate(_spec(tiny_pair, tmp_path, draft=d), tmp_path / "out")
+        validate(_spec(tiny_pair, tmp_path, draft=d).replace(max_draft_len=4), tmp_path / "out")
+
+
+def test_cli_reports_error_without_traceback(tiny_pair, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
+    from dspark_trt.cli import main
+
+    rc = main(["build", "--target", str(tmp_path / "missing"), "--draft", str(tiny_pair.draft), "--output",
+               str(tmp_path / "o")])
+    assert rc == 2
 
 
 @pytest.mark.parametrize("kw, needle", [({"quant": "int4"}, "--quant"), ({"dtype": "fp64"}, "--dtype"),
