@@ -15,7 +15,8 @@ export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/tmp/dspark_triton_cache}"   # keep
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 [ "${DSPARK_GPU_CHECK_SMOKE:-0}" = "1" ] || unset TRITON_INTERPRET
 (nvidia-smi || echo "nvidia-smi not available") > "$OUT/nvidia-smi.txt" 2>&1
-if ! "$PY" -c "import torch, triton" 2>"$OUT/import_error.txt"; then
+if ! "$PY" -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('torch') and u.find_spec('triton') else 1)" \
+    2>"$OUT/import_error.txt"; then
   echo "FAIL: $PY cannot import torch and triton (see $OUT/import_error.txt)" | tee "$OUT/report.md"
   exit 1
 fi

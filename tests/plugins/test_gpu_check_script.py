@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # ~30 s idle, ~60 s on a loaded 2-core box (subprocess: torch, transformers, tiny models)
 def test_gpu_check_smoke(tmp_path: Path) -> None:
     env = dict(os.environ, DSPARK_GPU_CHECK_SMOKE="1", PYTHON=sys.executable)
     out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path)], capture_output=True,
