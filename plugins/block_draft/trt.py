@@ -7,11 +7,10 @@
 `aot_impl` compiles kernel.markov_block_kernel to PTX (the engine carries it; no Python at run time).
 Attributes: `has_d2t`, `has_conf` (0/1 → the kernel's constexprs; unused inputs may be 1-element dummies).
 Owns the spec, signature and registration; imports tensorrt only inside `register()`.
+No `from __future__ import annotations` here: tensorrt.plugin inspects the registered functions' annotations.
 """
-from __future__ import annotations
-
 import logging
-from typing import Any
+from typing import Tuple
 
 from plugins._trt import IOSpec, PluginSpec, TRITON_PTR, const_dim, import_trt, trt_dtype_name
 from plugins.aot import DEFAULT_ARCH, CompiledKernel, compile_kernel, qdp_ptx
@@ -68,20 +67,19 @@ def register(arch: int = DEFAULT_ARCH) -> tuple[str, ...]:
     """Register dspark::markov_block with tensorrt.plugin; returns its id."""
     trt, trtp = import_trt()
 
+    Desc, Ret = trtp.TensorDesc, Tuple[bytes, bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]
+
     @trtp.register(MARKOV.plugin_id)
-    def _desc(U: trtp.TensorDesc, anchor: trtp.TensorDesc, w1: trtp.TensorDesc, w2: trtp.TensorDesc,
-              d2t: trtp.TensorDesc, temperature: trtp.TensorDesc, seeds: trtp.TensorDesc,
-              positions: trtp.TensorDesc, conf_bias: trtp.TensorDesc, w_conf: trtp.TensorDesc,
-              conf_temp: trtp.TensorDesc, has_d2t: int, has_conf: int) -> tuple[trtp.TensorDesc, ...]:
+    def _desc(U: Desc, anchor: Desc, w1: Desc, w2: Desc, d2t: Desc, temperature: Desc, seeds: Desc, positions: Desc,
+              conf_bias: Desc, w_conf: Desc, conf_temp: Desc, has_d2t: int, has_conf: int) -> Tuple[Desc, Desc, Desc]:
         b, g, v = U.shape_expr[0], U.shape_expr[1], U.shape_expr[2]
         return (trtp.from_shape_expr((b, g), dtype=trt.int32), trtp.from_shape_expr((b, g, v), dtype=trt.float32),
                 trtp.from_shape_expr((b, g), dtype=trt.float32))
 
     @trtp.aot_impl(MARKOV.plugin_id)
-    def _aot(U: trtp.TensorDesc, anchor: trtp.TensorDesc, w1: trtp.TensorDesc, w2: trtp.TensorDesc,
-             d2t: trtp.TensorDesc, temperature: trtp.TensorDesc, seeds: trtp.TensorDesc, positions: trtp.TensorDesc,
-             conf_bias: trtp.TensorDesc, w_conf: trtp.TensorDesc, conf_temp: trtp.TensorDesc, has_d2t: int,
-             has_conf: int, outputs: tuple[trtp.TensorDesc, ...], tactic: int) -> tuple[bytes, bytes, Any, Any]:
+    def _aot(U: Desc, anchor: Desc, w1: Desc, w2: Desc, d2t: Desc, temperature: Desc, seeds: Desc, positions: Desc,
+             conf_bias: Desc, w_conf: Desc, conf_temp: Desc, has_d2t: int, has_conf: int,
+             outputs: Tuple[Desc, Desc, Desc], tactic: int) -> Ret:
         rank = const_dim(w1.shape_expr[1], "the Markov rank (W1 dim 1)")
         ck = compile_markov(rank, trt_dtype_name(trt, U.dtype), trt_dtype_name(trt, w1.dtype), bool(has_d2t),
                             bool(has_conf), arch)

@@ -11,11 +11,11 @@ carries the code and runs in the C++ TensorRT(-LLM) runtime with no Python (see 
 tensorrt_llm.python_plugin). Attributes: `splits` (S, build-time), `sampling` (0: greedy-only build, q is a
 dummy and never read). Token ids are int32 (TensorRT-LLM's convention); seeds are int32 bit patterns.
 Owns the specs, signatures and registration; imports tensorrt only inside `register()`.
+No `from __future__ import annotations` here: tensorrt.plugin inspects the registered functions' annotations as
+real classes (TensorDesc subclasses, builtin attr types, an exact-arity Tuple of outputs).
 """
-from __future__ import annotations
-
 import logging
-from typing import Any
+from typing import Tuple
 
 import triton
 
@@ -105,9 +105,10 @@ def register(arch: int = DEFAULT_ARCH) -> tuple[str, ...]:
     """Register dspark::accept_stats and dspark::accept_finalize with tensorrt.plugin; returns their ids."""
     trt, trtp = import_trt()
 
+    Desc, Ret = trtp.TensorDesc, Tuple[bytes, bytes, trtp.KernelLaunchParams, trtp.SymIntExprs]
+
     @trtp.register(STATS.plugin_id)
-    def _stats_desc(logits: trtp.TensorDesc, k: trtp.TensorDesc, temperature: trtp.TensorDesc,
-                    splits: int) -> tuple[trtp.TensorDesc, trtp.TensorDesc]:
+    def _stats_desc(logits: Desc, k: Desc, temperature: Desc, splits: int) -> Tuple[Desc, Desc]:
         v = const_dim(logits.shape_expr[2], "the vocabulary (logits dim 2)")
         s, _ = split_plan(v, splits)
         rows = logits.shape_expr[0] * logits.shape_expr[1]
@@ -115,8 +116,8 @@ def register(arch: int = DEFAULT_ARCH) -> tuple[str, ...]:
                 trtp.from_shape_expr((rows, s), dtype=trt.int32))
 
     @trtp.aot_impl(STATS.plugin_id)
-    def _stats_aot(logits: trtp.TensorDesc, k: trtp.TensorDesc, temperature: trtp.TensorDesc, splits: int,
-                   outputs: tuple[trtp.TensorDesc, ...], tactic: int) -> tuple[bytes, bytes, Any, Any]:
+    def _stats_aot(logits: Desc, k: Desc, temperature: Desc, splits: int, outputs: Tuple[Desc, Desc],
+                   tactic: int) -> Ret:
         v = const_dim(logits.shape_expr[2], "the vocabulary (logits dim 2)")
         s, chunk = split_plan(v, splits)
         ck = compile_stats(trt_dtype_name(trt, logits.dtype), arch)
@@ -130,19 +131,16 @@ def register(arch: int = DEFAULT_ARCH) -> tuple[str, ...]:
         return ck.name.encode(), qdp_ptx(ck, STATS.user_params).encode(), lp, extra
 
     @trtp.register(FINALIZE.plugin_id)
-    def _final_desc(logits: trtp.TensorDesc, draft: trtp.TensorDesc, q: trtp.TensorDesc, k: trtp.TensorDesc,
-                    temperature: trtp.TensorDesc, seeds: trtp.TensorDesc, positions: trtp.TensorDesc,
-                    part_f: trtp.TensorDesc, part_i: trtp.TensorDesc, splits: int,
-                    sampling: int) -> tuple[trtp.TensorDesc, ...]:
+    def _final_desc(logits: Desc, draft: Desc, q: Desc, k: Desc, temperature: Desc, seeds: Desc, positions: Desc,
+                    part_f: Desc, part_i: Desc, splits: int, sampling: int) -> Tuple[Desc, Desc, Desc, Desc]:
         b, kp1 = logits.shape_expr[0], logits.shape_expr[1]
         return (trtp.from_shape_expr((b,), dtype=trt.int32), trtp.from_shape_expr((b,), dtype=trt.int32),
                 trtp.from_shape_expr((b, kp1), dtype=trt.float32), trtp.from_shape_expr((b, kp1), dtype=trt.float32))
 
     @trtp.aot_impl(FINALIZE.plugin_id)
-    def _final_aot(logits: trtp.TensorDesc, draft: trtp.TensorDesc, q: trtp.TensorDesc, k: trtp.TensorDesc,
-                   temperature: trtp.TensorDesc, seeds: trtp.TensorDesc, positions: trtp.TensorDesc,
-                   part_f: trtp.TensorDesc, part_i: trtp.TensorDesc, splits: int, sampling: int,
-                   outputs: tuple[trtp.TensorDesc, ...], tactic: int) -> tuple[bytes, bytes, Any, Any]:
+    def _final_aot(logits: Desc, draft: Desc, q: Desc, k: Desc, temperature: Desc, seeds: Desc, positions: Desc,
+                   part_f: Desc, part_i: Desc, splits: int, sampling: int, outputs: Tuple[Desc, Desc, Desc, Desc],
+                   tactic: int) -> Ret:
         v = const_dim(logits.shape_expr[2], "the vocabulary (logits dim 2)")
         s, _ = split_plan(v, splits)
         ck = compile_finalize(trt_dtype_name(trt, logits.dtype), s, bool(sampling), arch)

@@ -75,7 +75,10 @@ def main() -> None:
     shapes = dict(stats=[pf.shape, pi.shape], finalize=[o.shape for o in outs], markov=[o.shape for o in mouts])
     extra_compiles = [fa.compile_stats("float32").name, fa.compile_finalize("float32", 1, False).name,
                       bd.compile_markov(16, "float32", "float32", False, False).name, *compile_split(256)]
-    print(json.dumps(dict(ids=list(ids), rows=rows, shapes=shapes, extra_compiles=extra_compiles)))
+    returned = {fa.STATS.plugin_id: 2, fa.FINALIZE.plugin_id: len(outs), bd.MARKOV.plugin_id: len(mouts)}
+    schema = {pid: dict(tensors=t, attrs=a, outputs=n, returned=returned[pid])
+              for pid, (t, a, n) in _fake_trt.SCHEMA.items()}
+    print(json.dumps(dict(ids=list(ids), rows=rows, shapes=shapes, extra_compiles=extra_compiles, schema=schema)))
 
 
 if __name__ == "__main__":

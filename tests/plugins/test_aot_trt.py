@@ -86,6 +86,17 @@ def test_every_plugin_compiles_for_sm90(probe: dict) -> None:
         assert row["ptxas"] in ("ok", "absent"), row["ptxas"]
 
 
+def test_qdp_schema_matches_specs(probe: dict) -> None:
+    """What tensorrt.plugin would parse from the registered functions equals the declared specs."""
+    from plugins.trt import ALL_SPECS
+
+    for spec in ALL_SPECS:
+        got = probe["schema"][spec.plugin_id]
+        assert got["tensors"] == [i.name for i in spec.inputs], spec.name
+        assert got["attrs"] == [a for a, _ in spec.attrs], spec.name
+        assert got["outputs"] == got["returned"] == len(spec.outputs), spec.name
+
+
 def test_aot_launch_params_match_declarations(probe: dict) -> None:
     from plugins.fused_accept import trt as fa
 
