@@ -45,6 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", type=Path, default=None, help="draft dir (default: the shipped DSpark drafter)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baseline")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     p.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"), help="markdown report path")
 
 
@@ -82,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
     if bad or not 1 <= args.prompts_per_kind <= 3 or args.max_new_tokens < 2 or args.repeats < 1:
         raise InvalidArgumentError(f"--policies must be from {SPEC_POLICIES} (got {bad}); --prompts-per-kind in "
                                    f"[1, 3]; --max-new-tokens ≥ 2; --repeats ≥ 1")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     if args.target is None:
         from dspark_trt.runtime.default_model import default_target_dir
@@ -166,7 +169,7 @@ def _report(args: argparse.Namespace, stamp: dict[str, Any], rates: dict[str, li
         f"{args.max_new_tokens} new tokens per run, {args.repeats} repeat(s). Decode tok/s excludes prompt "
         f"processing (a 1-token run of the same prompt is subtracted); median over prompts × repeats. "
         f"Command: `dspark-trt bench --max-new-tokens {args.max_new_tokens} --prompts-per-kind "
-        f"{args.prompts_per_kind} --repeats {args.repeats}`.", "",
+        f"{args.prompts_per_kind} --repeats {args.repeats} --threads {stamp['torch_threads']}`.", "",
         "| engine | decode tok/s | vs ours plain | vs HF bf16 | τ | acceptance α | first-token reject | "
         "output = plain greedy |",
         "|---|---|---|---|---|---|---|---|",
@@ -178,8 +181,9 @@ def _report(args: argparse.Namespace, stamp: dict[str, Any], rates: dict[str, li
         if name in spec_stats:
             s = spec_stats[name][0].merge(spec_stats[name][1:])
             same = "yes" if mismatches[name] == 0 else f"NO ({mismatches[name]} runs differ)"
-            lines.append(f"| {name} | {r:.1f} | {vs_plain} | {vs_hf} | {s.tau:.2f} | {s.acceptance_rate:.2f} | "
-                         f"{s.first_token_rejection_rate:.2f} | {same} |")
+            alpha, ftr = ((f"{s.acceptance_rate:.2f}", f"{s.first_token_rejection_rate:.2f}") if s.drafted_tokens
+                          else ("–", "–"))
+            lines.append(f"| {name} | {r:.1f} | {vs_plain} | {vs_hf} | {s.tau:.2f} | {alpha} | {ftr} | {same} |")
             if s.drafted_tokens:
                 cells = [f"{x:.2f}" for x in s.acceptance_per_position()][:gamma]
                 cells += ["–"] * (gamma - len(cells))
