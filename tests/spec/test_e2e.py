@@ -132,3 +132,32 @@ def test_default_target_lossless(default_target_dir: Path) -> None:
         assert spec.tokens == plain.tokens, text
         accepted += spec.stats.accepted_tokens
     assert accepted > 0
+
+
+def test_generate_cli_from_a_build(tiny_pair, tmp_path, capsys) -> None:
+    """`generate --engine-dir` runs the exported TRT-LLM checkpoints of a build; same tokens as the HF dirs."""
+    from dspark_trt.cli import main
+
+    out_dir = tmp_path / "build"
+    assert main(["build", "--target", str(tiny_pair.target), "--draft", str(tiny_pair.draft), "--dtype", "float32",
+                 "--output", str(out_dir), "--calib-samples", "4", "--calib-seq-len", "64", "--eval-tokens", "128",
+                 "--max-seq-len", "256", "--max-draft-len", "4", "--no-bench"]) == 0
+    capsys.readouterr()
+    args = ["generate", "--prompt", "class A:", "--max-new-tokens", "16", "--json", "--policy", "fixed", "--k", "3"]
+    assert main(args + ["--engine-dir", str(out_dir)]) == 0
+    built = json.loads(capsys.readouterr().out)
+    assert main(args + ["--target", str(tiny_pair.target), "--draft", str(tiny_pair.draft), "--dtype", "float32"]) == 0
+    direct = json.loads(capsys.readouterr().out)
+    assert built["token_ids"] == direct["token_ids"] and built["stats"]["drafted_tokens"] > 0
+
+
+def test_bench_writes_a_report(tiny_pair, tmp_path, capsys) -> None:
+    from dspark_trt.cli import main
+
+    out = tmp_path / "bench.md"
+    assert main(["bench", "--target", str(tiny_pair.target), "--draft", str(tiny_pair.draft), "--dtype", "float32",
+                 "--max-new-tokens", "6", "--prompts-per-kind", "1", "--no-hf", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| ours plain |" in text and "| ours DSpark (survival) |" in text and "Machine:" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ours DSpark")]
+    assert len(rows) == 6 and all(r.rstrip().endswith("| yes |") for r in rows[:3])  # 3 main rows + 3 per-position
