@@ -86,10 +86,26 @@ def test_generate_cli_json(tiny_pair, capsys) -> None:
     assert plain["token_ids"] == out["token_ids"] and plain["stats"]["tau"] == 1.0
 
 
-def test_generate_cli_bad_argument_exits_2(tiny_pair, capsys) -> None:
-    from dspark_trt.cli import main
+def test_seed_article_code_runs(tiny_pair) -> None:
+    """Seed 003 §4.2, verbatim shape: HF objects in bf16, sampling, decode, stats."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    assert main(["generate", "--prompt", "x", "--top-p", "0", "--target", str(tiny_pair.target)]) == 2
+    from dspark_trt.engine import SpeculativeDecodingEngine
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_pair.target)
+    target_model = AutoModelForCausalLM.from_pretrained(tiny_pair.target, torch_dtype=torch.bfloat16)
+    draft_model = AutoModelForCausalLM.from_pretrained(tiny_pair.draft, torch_dtype=torch.bfloat16)
+    engine = SpeculativeDecodingEngine(target_model=target_model, draft_model=draft_model, tokenizer=tokenizer,
+                                       max_length=512, draft_length=5, temperature=0.8, top_p=0.95)
+    input_ids = tokenizer.encode("def quicksort(xs):", return_tensors="pt").to(engine.device)
+    with torch.no_grad():
+        output_ids = engine.generate(input_ids=input_ids, max_new_tokens=64, do_sample=True)
+    text = tokenizer.decode(output_ids[0], skip_special_tokens=True)
+    assert text.startswith("def quicksort(xs):")
+    stats = engine.stats
+    assert stats.get("total_tokens") == output_ids.shape[1] - input_ids.shape[1]
+    assert stats.get("target_calls") <= stats.get("total_tokens") and stats.get("draft_calls") > 0
+    assert isinstance(stats.get("speedup"), float)
 
 
 def _default_drafter(target, target_dir: Path):  # noqa: ANN001, ANN202
