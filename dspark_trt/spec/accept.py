@@ -132,20 +132,22 @@ def exponential_race(
     weights: torch.Tensor,  # [B, V] float32, ≥ 0, need not be normalised
     seeds: torch.Tensor,  # [B] long
     positions: torch.Tensor,  # [B] long
+    stream: int = rng.STREAM_RESAMPLE,
 ) -> torch.Tensor:  # [B] long
     """Draw one token per row with probability ∝ weights, using one uniform per vocabulary lane.
 
     Exact rule (the kernel must match): for each lane v,
-        u_v = rng.uniform(seed, position, STREAM_RESAMPLE, lane=v)          # float32 in [0, 1)
+        u_v = rng.uniform(seed, position, stream, lane=v)                   # float32 in [0, 1)
         e_v = -log(u_v + 2**-25)                                            # float32, in (0, 17.4]
         score_v = weights_v / e_v                                           # float32 division
     token = argmax_v score_v (lowest index on ties). Zero-weight lanes score 0 and never win unless every weight
     is 0 (then lane 0 is returned; callers never pass an all-zero row). One pass over V tiles: keep a running
-    (max score, index) pair per row."""
+    (max score, index) pair per row. Drafters sample with stream=STREAM_DRAFT (position = the draft token's
+    absolute position) so a request's output depends only on its seed, never on batch neighbours."""
     v = weights.shape[-1]
     lanes = torch.arange(v, dtype=torch.int64).unsqueeze(0)  # [1, V]
     u = rng.uniform(seeds.to(torch.int64).unsqueeze(1), positions.to(torch.int64).unsqueeze(1),
-                    rng.STREAM_RESAMPLE, lanes)  # [B, V]
+                    stream, lanes)  # [B, V]
     e = -torch.log(u + _U_OFFSET)
     return (weights.float() / e).argmax(dim=-1)
 
