@@ -170,3 +170,19 @@ def test_sampling_acceptance_boundary(interpreted_kernels: ModuleType, eps: floa
     got, want = interpreted_kernels.sample_accept(**a), ref.sample_accept(**a)
     assert want.accepted.tolist() == ([0] * b if eps > 0 else [1] * b)
     _assert_same(got, want)
+
+
+def test_random_shapes(interpreted_kernels: ModuleType) -> None:
+    """Seeded random (B, K, V, dtype, mode) draws, V mostly not a multiple of the 2048 tile."""
+    g = torch.Generator().manual_seed(2026)
+    for i in range(8):
+        b = int(torch.randint(1, 7, (1,), generator=g))
+        kmax = int(torch.randint(0, 8, (1,), generator=g))
+        v = int(torch.randint(2, 6000, (1,), generator=g))
+        dtype = (torch.float32, torch.bfloat16)[i % 2]
+        if i % 3 == 2:
+            a = _sample_batch(b, kmax, v, dtype, seed=i)
+            _assert_same(interpreted_kernels.sample_accept(**a), ref.sample_accept(**a))
+        else:
+            logits, draft, k = _greedy_batch(b, kmax, v, dtype, seed=i)
+            _assert_same(interpreted_kernels.greedy_accept(logits, draft, k), ref.greedy_accept(logits, draft, k))
