@@ -40,6 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=D.seed)
     p.add_argument("--threads", type=int, default=D.threads)
     p.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
+    p.add_argument("--feature-minutes", type=float, default=0.0,
+                   help="time budget for caching features (0 = all); keeps the sequences done")
     p.add_argument("--features-only", action="store_true", help="cache target features into OUT/features and stop")
     p.add_argument("--extra-features", type=Path, nargs="*", default=[],
                    help="more feature stores (OUT/features of other --features-only runs) to train on")
@@ -65,7 +67,7 @@ def _features(args: argparse.Namespace, target_dir: Path, layers: tuple[int, ...
         raise InvalidArgumentError(f"No usable text in --corpus {args.corpus}. Fix: pass text files, directories or "
                                    "chat .jsonl files written by dspark_trt.train.chatgen.")
     target = HFTarget.load(target_dir, taps)
-    cache_features(target, seqs, starts, fdir, topk=cfg.topk, max_len=cfg.max_len)
+    cache_features(target, seqs, starts, fdir, topk=cfg.topk, max_len=cfg.max_len, max_minutes=args.feature_minutes)
     return fdir
 
 

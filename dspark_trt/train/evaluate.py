@@ -58,7 +58,7 @@ def decode_step_ms(target, ctx: int = 256, n: int = 8) -> float:  # noqa: ANN001
     """Mean wall time of one single-token target decode step at context ctx."""
     cache = target.new_cache(1, ctx + n + 1)
     s = torch.tensor([0])
-    target(torch.randint(10, 1000, (1, ctx)), cache, s, logits="none")
+    target(torch.randint(10, int(target.config.vocab_size), (1, ctx)), cache, s, logits="none")
     times = []
     for _ in range(n):
         t = time.perf_counter()

@@ -83,8 +83,13 @@ class FeatureStore:
 
 
 def cache_features(target: HFTarget, sequences: Sequence[Sequence[int]], starts: Sequence[int], out: Path,
-                   topk: int = 16, max_len: int = 512, batch_tokens: int = 4096) -> FeatureStore:
-    """Run the target over sequences (cut to max_len) once; write a FeatureStore under out."""
+                   topk: int = 16, max_len: int = 512, batch_tokens: int = 2048,
+                   max_minutes: float = 0.0) -> FeatureStore:
+    """Run the target over sequences (cut to max_len) once; write a FeatureStore under out.
+    With max_minutes > 0, stop when the budget is spent and keep the sequences done so far."""
+    import time
+
+    t0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
     seqs = [list(s[:max_len]) for s in sequences]
     keep = [i for i, s in enumerate(seqs) if len(s) >= 8]
@@ -101,6 +106,9 @@ def cache_features(target: HFTarget, sequences: Sequence[Sequence[int]], starts:
     bar = tqdm(total=N, desc="features", unit="tok")
     j = 0
     while j < len(order):
+        if max_minutes and time.time() - t0 > max_minutes * 60:
+            log.warning("feature budget of %.1f min spent: keeping %d of %d sequences", max_minutes, j, len(order))
+            break
         group = [order[j]]
         width = len(seqs[order[j]])
         while j + len(group) < len(order) and len(group) < 64:
@@ -132,11 +140,12 @@ def cache_features(target: HFTarget, sequences: Sequence[Sequence[int]], starts:
         j += len(group)
     bar.close()
     feats.flush()
-    np.save(out / "tokens.npy", tokens)
-    np.save(out / "topk_ids.npy", tk_ids)
-    np.save(out / "topk_logp.npy", tk_lp)
-    np.save(out / "offsets.npy", offsets)
-    np.save(out / "start.npy", np.array([int(starts[i]) for i in order], dtype=np.int64))
-    (out / "meta.json").write_text(json.dumps({"num_tokens": N, "feature_size": F, "topk": topk,
-                                               "num_sequences": len(order), "layer_ids": list(target.layer_ids)}))
+    n_done = int(offsets[j])
+    np.save(out / "tokens.npy", tokens[:n_done])
+    np.save(out / "topk_ids.npy", tk_ids[:n_done])
+    np.save(out / "topk_logp.npy", tk_lp[:n_done])
+    np.save(out / "offsets.npy", offsets[:j + 1])
+    np.save(out / "start.npy", np.array([int(starts[i]) for i in order[:j]], dtype=np.int64))
+    (out / "meta.json").write_text(json.dumps({"num_tokens": n_done, "feature_size": F, "topk": topk,
+                                               "num_sequences": j, "layer_ids": list(target.layer_ids)}))
     return FeatureStore.open(out)
