@@ -114,7 +114,7 @@ class RoundScheduler:
         self._waiting: list[tuple[int, Request]] = []
         self._active: dict[int, _Active] = {}
         self._free = list(range(backend.max_batch))
-        self.totals = SpecStats()  # finished + cancelled requests
+        self.totals = SpecStats(keep_rounds=False)  # finished + cancelled requests (counters only)
         self.batched_rounds = 0
         try:
             self._accept_positions = "positions" in inspect.signature(backend.accept).parameters
@@ -161,7 +161,7 @@ class RoundScheduler:
     def _release(self, act: _Active) -> None:
         self.backend.release(act.slot)
         self._free.append(act.slot)
-        self.totals = self.totals.merge([act.stats])
+        self.totals = self.totals.merge([act.stats], keep_rounds=False)
 
     # ---- one round ------------------------------------------------------------------------------------
     def step(self) -> list[RoundEvent]:

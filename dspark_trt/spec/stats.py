@@ -46,9 +46,14 @@ class SpecStats:
     accepted_tokens: int = 0
     committed_tokens: int = 0  # generated tokens (prefill's first token included)
     draft_failures: int = 0
+    pos_verified: list[int] = field(default_factory=list)  # [j-1]: rounds with k ≥ j
+    pos_accepted: list[int] = field(default_factory=list)  # [j-1]: rounds with accepted ≥ j
+    keep_rounds: bool = True  # False for long-lived aggregates (servers): counters only, no per-round log
 
     def record_round(self, rec: RoundRecord, drafted: bool, proposed: int) -> None:
-        self.rounds.append(rec)
+        if self.keep_rounds:
+            self.rounds.append(rec)
+        self._count(rec.k, rec.accepted)
         self.verify_calls += 1
         self.draft_calls += int(drafted)
         self.proposed_tokens += proposed
@@ -56,6 +61,14 @@ class SpecStats:
         self.accepted_tokens += rec.accepted
         self.committed_tokens += rec.committed
         self.draft_failures += int(rec.fallback)
+
+    def _count(self, k: int, accepted: int) -> None:
+        while len(self.pos_verified) < k:
+            self.pos_verified.append(0)
+            self.pos_accepted.append(0)
+        for j in range(k):
+            self.pos_verified[j] += 1
+            self.pos_accepted[j] += int(accepted > j)
 
     @property
     def target_calls(self) -> int:
@@ -70,23 +83,26 @@ class SpecStats:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
     def acceptance_per_position(self) -> list[float]:
-        depth = max((r.k for r in self.rounds), default=0)
-        out = []
-        for j in range(1, depth + 1):
-            verified = sum(1 for r in self.rounds if r.k >= j)
-            out.append(sum(1 for r in self.rounds if r.k >= j and r.accepted >= j) / verified)
-        return out
+        return [a / v for a, v in zip(self.pos_accepted, self.pos_verified)]
 
     @property
     def first_token_rejection_rate(self) -> float:
-        verified = [r for r in self.rounds if r.k >= 1]
-        return sum(1 for r in verified if r.accepted == 0) / len(verified) if verified else 0.0
+        if not self.pos_verified:
+            return 0.0
+        return 1.0 - self.pos_accepted[0] / self.pos_verified[0]
 
-    def merge(self, others: Iterable["SpecStats"]) -> "SpecStats":
-        """A new SpecStats holding self + others (round logs concatenated)."""
-        out = SpecStats()
+    def merge(self, others: Iterable["SpecStats"], keep_rounds: bool = True) -> "SpecStats":
+        """A new SpecStats holding self + others (round logs concatenated unless keep_rounds is False)."""
+        out = SpecStats(keep_rounds=keep_rounds)
         for s in (self, *others):
-            out.rounds.extend(s.rounds)
+            if keep_rounds:
+                out.rounds.extend(s.rounds)
+            for j, (v, a) in enumerate(zip(s.pos_verified, s.pos_accepted)):
+                while len(out.pos_verified) <= j:
+                    out.pos_verified.append(0)
+                    out.pos_accepted.append(0)
+                out.pos_verified[j] += v
+                out.pos_accepted[j] += a
             for name in ("prefill_calls", "verify_calls", "draft_calls", "drafted_tokens", "proposed_tokens",
                          "accepted_tokens", "committed_tokens", "draft_failures"):
                 setattr(out, name, getattr(out, name) + getattr(s, name))

@@ -163,3 +163,4 @@ def test_mixed_greedy_and_sampled_rows_in_one_batch(ref_backend, greedy_oracle, 
     assert out[g] == greedy_oracle(tiny_models["target"], [9, 10, 11], 20)
     assert len(out[s]) == 20
     assert sched.totals.verify_calls > 0 and sched.totals.committed_tokens == 40
+    assert sched.totals.rounds == [] and sched.totals.acceptance_per_position()  # counters only: no unbounded log
