@@ -40,6 +40,7 @@ class GenerationRequest:
     max_k: int | None = None
     apply_chat_template: bool | None = None
     return_stats: bool = True
+    stop: bool = False
 
     def fields(self) -> dict[str, Any]:
         """Input name → value, optional ones only when set (names as in the ensemble's config.pbtxt)."""
@@ -52,12 +53,14 @@ class GenerationRequest:
                 out[name] = v
         if self.stop_words:
             out["stop_words"] = list(self.stop_words)
+        if self.stop:
+            out["stop"] = True
         return out
 
 
 _DTYPES = {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32", "top_p": "FP32",
            "random_seed": "UINT64", "stop_words": "BYTES", "end_id": "INT32", "policy": "BYTES", "min_k": "INT32",
-           "max_k": "INT32", "return_stats": "BOOL", "apply_chat_template": "BOOL"}
+           "max_k": "INT32", "return_stats": "BOOL", "apply_chat_template": "BOOL", "stop": "BOOL"}
 _NP = {"BYTES": np.object_, "INT32": np.int32, "BOOL": np.bool_, "FP32": np.float32, "UINT64": np.uint64}
 
 
@@ -110,14 +113,15 @@ def _first(v: Any) -> Any:
 
 
 def _http(url: str, req: GenerationRequest, model: str, timeout: float, on_text: Callable[[str], None] | None,
-          ) -> dict[str, Any]:
+          request_id: str) -> dict[str, Any]:
     import requests  # noqa: PLC0415
 
     base = url if url.startswith("http") else f"http://{url}"
     endpoint = f"{base}/v2/models/{model}/{'generate_stream' if req.stream else 'generate'}"
     res = _Result(on_text)
     try:
-        with requests.post(endpoint, json=req.fields(), stream=req.stream, timeout=timeout) as r:
+        body = dict(req.fields(), id=request_id)
+        with requests.post(endpoint, json=body, stream=req.stream, timeout=timeout) as r:
             if not req.stream:
                 body = r.json()
                 if "error" in body:
@@ -144,7 +148,7 @@ def _text(v: Any) -> str:
 
 
 def _grpc(url: str, req: GenerationRequest, model: str, timeout: float, on_text: Callable[[str], None] | None,
-          ) -> dict[str, Any]:
+          request_id: str) -> dict[str, Any]:
     import tritonclient.grpc as grpcclient  # noqa: PLC0415
     from tritonclient.utils import InferenceServerException  # noqa: PLC0415
 
@@ -160,7 +164,7 @@ def _grpc(url: str, req: GenerationRequest, model: str, timeout: float, on_text:
     res = _Result(on_text)
     try:
         client.start_stream(callback=lambda result, error: q.put((result, error)))
-        client.async_stream_infer(model, inputs, outputs=outputs, request_id=uuid.uuid4().hex,
+        client.async_stream_infer(model, inputs, outputs=outputs, request_id=request_id,
                                   enable_empty_final_response=True)
         while True:
             try:
@@ -191,11 +195,11 @@ def generate_remote(url: str, prompt: str, max_tokens: int = 64, protocol: str =
                     temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
                     stop_words: tuple[str, ...] | list[str] = (), end_id: int | None = None,
                     apply_chat_template: bool | None = None, model: str = MODEL, timeout: float = 600.0,
-                    on_text: Callable[[str], None] | None = None) -> dict[str, Any]:
+                    on_text: Callable[[str], None] | None = None, request_id: str | None = None) -> dict[str, Any]:
     """Generate through a running server's ensemble → {"text", "token_ids", "stats"}.
 
     url is HOST:PORT (the HTTP port for protocol "http", the gRPC port for "grpc"); on_text receives each
-    streamed piece of text as it arrives.
+    streamed piece of text as it arrives; request_id (default: a fresh uuid) is what stop_remote() targets.
     """
     if protocol not in ("http", "grpc"):
         raise RequestError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
@@ -203,4 +207,14 @@ def generate_remote(url: str, prompt: str, max_tokens: int = 64, protocol: str =
                             top_p=top_p, random_seed=seed, stop_words=tuple(stop_words), end_id=end_id,
                             policy=policy, min_k=min_k, max_k=max_k, apply_chat_template=apply_chat_template)
     fn = _http if protocol == "http" else _grpc
-    return fn(url, req, model, timeout, on_text)
+    return fn(url, req, model, timeout, on_text, request_id or uuid.uuid4().hex)
+
+
+def stop_remote(url: str, request_id: str, protocol: str = "grpc", model: str = MODEL, timeout: float = 60.0) -> None:
+    """End the in-flight request `request_id` (its KV slot is freed; it gets its final response with the tokens so
+    far and finish_reason "stopped"). tensorrtllm_backend's `stop` input: a request with stop=true and the same id.
+    Use this rather than closing the stream: Triton 2.51 does not pass a client's cancel into an ensemble's
+    running step."""
+    req = GenerationRequest(prompt="stop", max_tokens=1, stop=True, return_stats=False)
+    fn = _http if protocol == "http" else _grpc
+    fn(url, req, model, timeout, None, request_id)

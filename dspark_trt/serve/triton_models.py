@@ -28,8 +28,8 @@ from dspark_trt.errors import DsparkError, RequestError
 from dspark_trt.serve.metrics import ServeMetrics
 from dspark_trt.serve.pipeline import ServeConfig, load_backend, load_tokenizer_for, make_batcher
 from dspark_trt.serve.text import delta_text, encode_prompt, encode_stop_words, pack_stop_words, unpack_stop_words
-from dspark_trt.serve.validate import check_request_parameters, decode_text, parse_generation, single
-from dspark_trt.serve.worker import Job, faults_from_env
+from dspark_trt.serve.validate import (check_request_parameters, decode_text, parse_generation, request_key,
+                                       single)
 
 log = logging.getLogger("dspark_trt.serve")
 
@@ -192,12 +192,14 @@ class DsparkModel(_Base):
 
     def initialize(self, args: dict[str, str]) -> None:
         super().initialize(args)
+        from dspark_trt.serve.worker import faults_from_env  # noqa: PLC0415 - torch: only in this model
+
         self.loaded = load_backend(self.cfg)
         self.limits = self.cfg.limits(self.loaded.vocab_size)
         self.metrics = ServeMetrics(self.pb, gamma=self.cfg.gamma, model=self.name)
         self.batcher = make_batcher(self.cfg, self.loaded, self.metrics, faults_from_env())
 
-    def _job(self, request: Any, sink: _Sink) -> Job:
+    def _job(self, request: Any, sink: _Sink) -> Any:  # dspark_trt.serve.worker.Job
         ids = self._get(request, "input_ids")
         if ids is None:
             raise RequestError("input_ids is required")
@@ -212,12 +214,19 @@ class DsparkModel(_Base):
         inputs = {name: self._get(request, name) for name in GEN_INPUTS}
         stops = unpack_stop_words(self._get(request, "stop_words_ids"))
         params = parse_generation(inputs, len(prompt), self.limits, stops)
-        return Job(prompt, params, sink, self.loaded.eos_ids)
+        from dspark_trt.serve.worker import Job  # noqa: PLC0415
+
+        key = request_key(request.request_id(), request.parameters())
+        return Job(prompt, params, sink, self.loaded.eos_ids, key=key)
 
     def execute(self, requests: list[Any]) -> None:
         for r in requests:
             sink = _Sink(self, r.get_response_sender())
             try:
+                stop = single({"stop": self._get(r, "stop")}, "stop")
+                if stop is not None and bool(stop):
+                    self.batcher.request_stop(request_key(r.request_id(), r.parameters()), sink)
+                    continue
                 self.batcher.submit(self._job(r, sink))
             except Exception as exc:  # noqa: BLE001
                 self.metrics.inc("dspark_errors_total")
@@ -232,12 +241,21 @@ class DsparkModel(_Base):
 
 
 class _OnePass(_Base):
-    """Explicit-batch model over the backend: input_ids [B, T] right-padded + input_lengths [B]."""
+    """Explicit-batch model over the backend: input_ids [B, T] right-padded + input_lengths [B].
+
+    The models load on the first request: the `dspark` model already loads (and so checks) the same build at
+    startup, and loading it three times at once roughly doubled server start time on a small CPU host."""
 
     def initialize(self, args: dict[str, str]) -> None:
         super().initialize(args)
-        self.loaded = load_backend(self.cfg)
         self.lock = threading.Lock()
+        self._loaded: Any = None
+
+    @property
+    def loaded(self) -> Any:
+        if self._loaded is None:
+            self._loaded = load_backend(self.cfg)
+        return self._loaded
 
     def _prompts(self, request: Any) -> list[list[int]]:
         ids = self._get(request, "input_ids")
@@ -259,9 +277,9 @@ class _OnePass(_Base):
         out = []
         for r in requests:
             try:
-                prompts = self._prompts(r)
-                slots = list(range(len(prompts)))
                 with self.lock:
+                    prompts = self._prompts(r)
+                    slots = list(range(len(prompts)))
                     try:
                         out.append(self._run(r, slots, prompts))
                     finally:

@@ -15,13 +15,28 @@ from typing import Mapping
 import numpy as np
 
 from dspark_trt.errors import InvalidArgumentError, RequestError
-from dspark_trt.spec.scheduler import POLICIES, PolicyConfig
+
+# spec.scheduler.POLICIES, repeated so tokenizer-only models (pre/postprocessing) need not import torch;
+# tests/serve/test_text_validate.py checks they agree.
+POLICIES = ("plain", "fixed", "seed", "survival")
 
 MAX_TEMPERATURE = 100.0
 MAX_SEED = 2**63 - 1
 # Inputs of the ensemble (tensorrtllm_backend names + ours); anything else is unknown.
 KNOWN_INPUTS = ("text_input", "max_tokens", "stream", "temperature", "top_p", "random_seed", "stop_words", "end_id",
-                "policy", "min_k", "max_k", "return_stats", "apply_chat_template")
+                "policy", "min_k", "max_k", "return_stats", "stop", "apply_chat_template")
+
+# Request parameters we accept: "id" = the request id over the HTTP generate endpoints (which pass unknown JSON
+# keys as parameters and have no request-id field); a `stop` request targets it.
+KNOWN_PARAMETERS = ("id",)
+
+
+def request_key(request_id: str, params_json: str | None) -> str:
+    """The id a `stop` request targets: the Triton request id, else the "id" request parameter."""
+    if request_id:
+        return request_id
+    params = json.loads(params_json) if params_json else {}
+    return str(params.get("id", ""))
 
 
 @dataclass(frozen=True)
@@ -84,7 +99,7 @@ def check_request_parameters(params_json: str | Mapping[str, object] | None) -> 
     if not params_json:
         return
     params = json.loads(params_json) if isinstance(params_json, str) else dict(params_json)
-    unknown = sorted(k for k in params if not k.startswith("triton_"))
+    unknown = sorted(k for k in params if not k.startswith("triton_") and k not in KNOWN_PARAMETERS)
     if unknown:
         raise RequestError(f"unknown parameter(s) {', '.join(map(repr, unknown))}; known inputs are "
                            f"{', '.join(KNOWN_INPUTS)}")
@@ -171,8 +186,10 @@ def parse_generation(inputs: Mapping[str, np.ndarray | None], prompt_len: int, l
                             stop_sequences=stop_sequences)
 
 
-def policy_config(params: GenerationParams) -> PolicyConfig:
+def policy_config(params: GenerationParams):  # noqa: ANN201 - dspark_trt.spec.scheduler.PolicyConfig
     """The loop's PolicyConfig for a request (fixed verifies max_k every round)."""
+    from dspark_trt.spec.scheduler import PolicyConfig  # noqa: PLC0415 - torch only where the loop runs
+
     try:
         return PolicyConfig(policy=params.policy, k=params.max_k, min_k=params.min_k, max_k=params.max_k)
     except InvalidArgumentError as exc:

@@ -57,6 +57,7 @@ class Job:
     params: GenerationParams
     sink: ResponseSink
     eos_ids: tuple[int, ...] = ()
+    key: str = ""  # the Triton request id; a `stop` request with the same id ends this job
     rid: int = -1
     tokens: list[int] = field(default_factory=list)  # generated so far
     sent: int = 0  # tokens already streamed
@@ -140,6 +141,7 @@ class InflightBatcher:
         self.metrics = metrics
         self.max_queue = max_queue
         self._incoming: deque[Job] = deque()
+        self._stops: deque[tuple[str, Any]] = deque()  # (request id, sink of the stop request)
         self._jobs: dict[int, Job] = {}
         self._cond = threading.Condition()
         self._stopping = False
@@ -157,6 +159,14 @@ class InflightBatcher:
             self._incoming.append(job)
             self._cond.notify()
 
+    def request_stop(self, key: str, sink: ResponseSink) -> None:
+        """End the in-flight request whose Triton request id is `key` before the next round (tensorrtllm_backend's
+        `stop` input). Needed because Triton 2.51 checks an ensemble's cancellation only between ensemble steps,
+        so a client's gRPC cancel never reaches the long-running `dspark` step of the ensemble."""
+        with self._cond:
+            self._stops.append((key, sink))
+            self._cond.notify()
+
     def stop(self, timeout: float = 30.0) -> None:
         """Stop after the current round; every unfinished request gets an error response."""
         with self._cond:
@@ -172,14 +182,18 @@ class InflightBatcher:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._stopping and not self._incoming and not self._jobs:
+                while not self._stopping and not self._incoming and not self._jobs and not self._stops:
                     self._cond.wait()
                 if self._stopping:
                     return
                 incoming = list(self._incoming)
                 self._incoming.clear()
+                stops = list(self._stops)
+                self._stops.clear()
             for job in incoming:
                 self._admit(job)
+            for key, sink in stops:
+                self._stop_job(key, sink)
             self._drop_cancelled()
             if not self._jobs:
                 continue
@@ -202,6 +216,26 @@ class InflightBatcher:
             self.metrics.inc("dspark_errors_total")
             return
         self._jobs[job.rid] = job
+
+    def _stop_job(self, key: str, sink: ResponseSink) -> None:
+        found = [rid for rid, job in self._jobs.items() if key and job.key == key]
+        if not found:
+            sink.error(f"stop: no in-flight request with id {key!r}; send stop=true with the id of a running "
+                       "request")
+            return
+        for rid in found:
+            job = self._jobs.pop(rid)
+            self.scheduler.cancel(rid)  # frees the KV slot
+            self.metrics.inc("dspark_cancelled_total")
+            self.metrics.set("dspark_active_requests", self.scheduler.active)
+            log.info("request %d (id %s) stopped after %d tokens; KV slot freed", rid, key, len(job.tokens))
+            stats = _stats_payload(job, None) if job.params.return_stats else None
+            if stats is not None:
+                stats["finish_reason"] = "stopped"
+            start = job.sent if job.params.stream else 0
+            job.sink.send(job.tokens[start:], job.tokens[max(0, start - CONTEXT_TOKENS):start] if start else [],
+                          True, stats)
+        sink.send([], [], True, None)
 
     def _drop_cancelled(self) -> None:
         for rid, job in list(self._jobs.items()):

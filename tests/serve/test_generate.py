@@ -90,3 +90,25 @@ def test_cli_generate_matches_server(server, tiny_build, reference) -> None:
     a, b = json.loads(local.stdout), json.loads(remote.stdout)
     assert a["token_ids"] == b["token_ids"] == reference(prompt, n)
     assert a["text"] == b["text"]
+
+
+def test_target_and_draft_models_explicit_batch(server, reference) -> None:
+    """The explicit-batch `target` / `draft` models: B right-padded rows in one request."""
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    prompts = ["def main(argv):", "class Queue:", "for i in range(10):"]
+    rows = [reference.ids(p) for p in prompts]
+    ids = np.zeros((len(rows), max(map(len, rows))), dtype=np.int32)  # [B, T]
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = r
+    client = httpclient.InferenceServerClient(server.http_url)
+    inputs = [httpclient.InferInput("input_ids", list(ids.shape), "INT32"),
+              httpclient.InferInput("input_lengths", [len(rows)], "INT32")]
+    inputs[0].set_data_from_numpy(ids)
+    inputs[1].set_data_from_numpy(np.array([len(r) for r in rows], dtype=np.int32))
+    nxt = client.infer("target", inputs).as_numpy("next_token_ids")
+    assert nxt.tolist() == [reference(p, 1)[0] for p in prompts]
+    out = client.infer("draft", inputs)
+    assert out.as_numpy("anchor_ids").tolist() == nxt.tolist()
+    assert out.as_numpy("draft_ids").shape == (len(rows), 4) and out.as_numpy("confidence").shape == (len(rows), 4)

@@ -1,6 +1,6 @@
 """A second real server on a copy of the tiny build's repository with MAX_QUEUE 2 and the first draft passes
 failing (DSPARK_SERVE_FAULTS=draft:3): drafter fallback keeps outputs identical and is counted; overload turns
-speculation off per round and back on; a cancelled request frees its KV slot; stop leaves no processes and no
+speculation off per round and back on; a stopped or cancelled request frees its KV slot; stop leaves no processes and no
 /dev/shm regions."""
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from dspark_trt.serve.client import generate_remote
+from dspark_trt.errors import RequestError
+from dspark_trt.serve.client import generate_remote, stop_remote
 from dspark_trt.serve.server import SHM_PREFIX, TritonServer, _group_pids, _mapped_shm
 
 from .conftest import read_metrics
@@ -72,33 +73,60 @@ def test_overload_turns_speculation_off_then_on(fragile, reference) -> None:
     assert alone["stats"]["speculation_off_rounds"] == 0 and alone["stats"]["drafted_tokens"] > 0
 
 
-def test_cancel_frees_kv_slot(fragile) -> None:
+def _wait_metric(url: str, name: str, above: float) -> dict[str, float]:
+    deadline = time.monotonic() + 60  # waits for the server to notice; not a timing assertion
+    m = read_metrics(url)
+    while m.get(name, 0.0) <= above and time.monotonic() < deadline:
+        time.sleep(0.2)
+        m = read_metrics(url)
+    return m
+
+
+def test_stop_request_frees_kv_slot(fragile) -> None:
+    """Through the ensemble: tensorrtllm_backend's `stop` input with the running request's id."""
+    before = read_metrics(fragile.metrics_url).get("dspark_cancelled_total", 0.0)
+    first = threading.Event()
+    res: dict[str, dict] = {}
+
+    def victim() -> None:
+        res["out"] = generate_remote(fragile.grpc_url, "def main(argv):", max_tokens=240, protocol="grpc",
+                                     stream=True, policy="plain", request_id="victim", on_text=lambda t: first.set())
+
+    t = threading.Thread(target=victim)
+    t.start()
+    assert first.wait(120)
+    stop_remote(fragile.http_url, "victim", protocol="http")
+    t.join()
+    assert res["out"]["stats"]["finish_reason"] == "stopped" and len(res["out"]["token_ids"]) < 240
+    m = read_metrics(fragile.metrics_url)
+    assert m["dspark_cancelled_total"] == before + 1 and m["dspark_active_requests"] == 0
+    with pytest.raises(RequestError, match="no in-flight request"):
+        stop_remote(fragile.grpc_url, "victim")
+
+
+def test_grpc_cancel_on_dspark_model_frees_kv_slot(fragile, reference) -> None:
+    """Triton request cancellation (client closes the stream) reaches the decoupled `dspark` model directly."""
     client = grpcclient.InferenceServerClient(fragile.grpc_url)
     q: queue.Queue = queue.Queue()
     inputs = []
-    for name, arr, dt in (("text_input", np.array([[b"def main(argv):"]], dtype=object), "BYTES"),
+    for name, arr, dt in (("input_ids", np.array([reference.ids("def main(argv):")], dtype=np.int32), "INT32"),
                           ("max_tokens", np.array([[240]], dtype=np.int32), "INT32"),
-                          ("stream", np.array([[True]]), "BOOL"), ("policy", np.array([[b"plain"]], dtype=object),
-                                                                    "BYTES")):
+                          ("stream", np.array([[True]]), "BOOL"),
+                          ("policy", np.array([[b"plain"]], dtype=object), "BYTES")):
         t = grpcclient.InferInput(name, list(arr.shape), dt)
         t.set_data_from_numpy(arr)
         inputs.append(t)
     before = read_metrics(fragile.metrics_url).get("dspark_cancelled_total", 0.0)
     client.start_stream(callback=lambda result, error: q.put((result, error)))
-    client.async_stream_infer("ensemble", inputs, request_id="to-cancel")
+    client.async_stream_infer("dspark", inputs, request_id="to-cancel")
     result, error = q.get(timeout=120)
     assert error is None
     client.stop_stream(cancel_requests=True)
     client.close()
-    deadline = time.monotonic() + 60  # wait for the server to notice, not a timing assertion
-    m = read_metrics(fragile.metrics_url)
-    while m.get("dspark_cancelled_total", 0.0) <= before and time.monotonic() < deadline:
-        time.sleep(0.2)
-        m = read_metrics(fragile.metrics_url)
+    m = _wait_metric(fragile.metrics_url, "dspark_cancelled_total", before)
     assert m["dspark_cancelled_total"] == before + 1
     assert m["dspark_active_requests"] == 0
-    # the freed slot is usable: a new request still completes
-    assert generate_remote(fragile.http_url, "def f", max_tokens=4)["token_ids"]
+    assert generate_remote(fragile.http_url, "def f", max_tokens=4)["token_ids"]  # the freed slot is usable
 
 
 def test_stop_leaves_nothing(fragile) -> None:

@@ -92,3 +92,10 @@ def test_streamed_deltas_concatenate_to_full_text(tok, text: str, chunk: int) ->
         sent += len(new)
     assert "".join(pieces) == full
     assert not any("\ufffd" in p for p in pieces[:-1]) or "\ufffd" in full
+
+
+def test_policies_match_spec() -> None:
+    from dspark_trt.serve import validate
+    from dspark_trt.spec.scheduler import POLICIES
+
+    assert validate.POLICIES == POLICIES
