@@ -64,6 +64,31 @@ def machine_stamp() -> dict[str, Any]:
             "torch": torch.__version__, "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 
+def profile_cost_table(target: Any, max_tokens: int, context: int = 64, reps: int = 5) -> Any:
+    """Measure one target step over n = 1..max_tokens new tokens (batch 1, `context` tokens cached; median of reps)
+    → spec.scheduler.CostTable for the survival policy."""
+    import torch
+
+    from dspark_trt.spec.scheduler import CostTable
+
+    cache = target.new_cache(1, context + max_tokens + 1)
+    slot = torch.tensor([0])
+    target(torch.arange(100, 100 + context).unsqueeze(0), cache, slot, logits="last")
+    secs = []
+    for n in range(1, max_tokens + 1):
+        times = []
+        for _ in range(reps):
+            x = torch.arange(200, 200 + n).unsqueeze(0)  # [1, n]
+            t = time.perf_counter()
+            target(x, cache, slot, logits="all")
+            times.append(time.perf_counter() - t)
+            cache.truncate(slot, torch.tensor([context]))
+        secs.append(statistics.median(times))
+    for i in range(1, len(secs)):  # a cost table must not fall with more tokens (timer noise)
+        secs[i] = max(secs[i], secs[i - 1] * 1.0001)
+    return CostTable(tuple(range(1, max_tokens + 1)), tuple(secs))
+
+
 def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     t = time.perf_counter()
     out = fn()
@@ -109,9 +134,11 @@ def run(args: argparse.Namespace) -> int:
     ids = [[int(t) for t in tok.encode(p)] for _, p in prompts]
     max_len = max(len(i) for i in ids) + args.max_new_tokens + 2
     greedy = SamplingParams()
+    table = profile_cost_table(target, gamma + 1)
+    log.info("cost table (s per step by tokens): %s", [round(x, 4) for x in table.seconds])
     engines: dict[str, Any] = {"ours plain": SpeculativeDecodingEngine(target, None, tok, max_len, gamma, policy="plain")}
     for pol in policies:
-        eng = SpeculativeDecodingEngine(target, drafter, tok, max_len, gamma, policy=pol)
+        eng = SpeculativeDecodingEngine(target, drafter, tok, max_len, gamma, policy=pol, cost_table=table)
         if pol == "fixed":
             eng.with_policy(k=min(args.k, gamma))
         engines[f"ours DSpark ({pol})"] = eng
@@ -147,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
                     ttft, _ = _timed(lambda: hf.generate(x, max_new_tokens=1, min_new_tokens=1, **kw))
                     wall, _ = _timed(lambda: hf.generate(x, max_new_tokens=n, min_new_tokens=n, **kw))
                 rates["HF generate (bf16)"].append((n - 1) / max(wall - ttft, 1e-9))
-    report = _report(args, machine_stamp(), rates, spec_stats, mismatches, gamma, len(ids), Path(draft_dir))
+    report = _report(args, machine_stamp(), rates, spec_stats, mismatches, gamma, len(ids), Path(draft_dir), table)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(report)
     print(report)
@@ -156,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, stamp: dict[str, Any], rates: dict[str, list[float]],
             spec_stats: dict[str, list[Any]], mismatches: dict[str, int], gamma: int, n_prompts: int,
-            draft_dir: Path) -> str:
+            draft_dir: Path, table: Any) -> str:
     med = {k: statistics.median(v) for k, v in rates.items() if v}
     plain = med.get("ours plain", 0.0)
     hf = med.get("HF generate (bf16)")
@@ -195,5 +222,8 @@ def _report(args: argparse.Namespace, stamp: dict[str, Any], rates: dict[str, li
                   "| engine | " + " | ".join(f"j={j}" for j in range(1, gamma + 1)) + " |",
                   "|---|" + "---|" * gamma]
         lines += per_pos
-    lines += ["", "τ = generated tokens / target forwards (prefill included, bonus included).", ""]
+    base = table.seconds[0]
+    lines += ["", "Target step cost by tokens verified (profiled at start, batch 1; used by the survival policy): "
+              + ", ".join(f"{n}: {s / base:.2f}×" for n, s in zip(table.tokens, table.seconds)) + ".",
+              "", "τ = generated tokens / target forwards (prefill included, bonus included).", ""]
     return "\n".join(lines)
