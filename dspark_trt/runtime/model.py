@@ -93,9 +93,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """HF Llama RMSNorm numerics: normalise in fp32, round to the input dtype, then scale."""
     if x.dtype == torch.float32:
         return F.rms_norm(x, weight.shape, weight, eps)
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -138,8 +136,13 @@ class _Step:
         pos = start[:, None] + torch.arange(T)  # [B, T]
         self.pos = pos
         cos, sin = model.rope_tables(self.span)
-        self.cos = cos[pos].unsqueeze(2)  # [B, T, 1, D]
-        self.sin = sin[pos].unsqueeze(2)  # [B, T, 1, D]
+        if B == 1:
+            p0 = starts[0]
+            self.cos = cos[p0:p0 + T].view(1, T, 1, -1)  # [B, T, 1, D]
+            self.sin = sin[p0:p0 + T].view(1, T, 1, -1)  # [B, T, 1, D]
+        else:
+            self.cos = cos[pos].unsqueeze(2)  # [B, T, 1, D]
+            self.sin = sin[pos].unsqueeze(2)  # [B, T, 1, D]
         self.cache = cache
         # Contiguous ascending slots → views; otherwise gather the first `span` positions of each slot.
         s0 = slot_list[0]
@@ -289,7 +292,10 @@ class CausalLM(nn.Module):
             x = x + layer.mlp.proj(gu[..., :inter] * F.silu(gu[..., inter:]))
             if i in tapset:
                 tapped[i] = x
-        cache.advance(slots, T)
+        if step.contiguous:
+            cache.lengths[step.s0:step.s0 + B] += T
+        else:
+            cache.advance(slots, T)
 
         hidden = torch.cat([tapped[t] for t in taps], dim=-1) if taps else None  # [B, T, len(taps) d]
         if logits == "none":
