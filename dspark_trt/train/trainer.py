@@ -50,8 +50,8 @@ class TrainConfig:
     max_minutes: float = 60.0
     max_steps: int = 0  # 0 = as many as max_minutes allows
     seed: int = 0
-    eval_every: int = 300
-    eval_batches: int = 24
+    eval_every: int = 100
+    eval_batches: int = 8
     ckpt_minutes: float = 5.0
     threads: int = 2
     topk: int = 16
@@ -189,6 +189,7 @@ def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_
     history: list[dict[str, Any]] = []
     bar = tqdm(total=total or None, initial=step, desc="train", unit="step")
     ema = None
+    best_tau, best_step, best_state = -1.0, -1, None
     while True:
         now = time.time()
         if (total and step >= total) or (now - t0) >= budget:
@@ -218,6 +219,9 @@ def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_
                             "heldout_loss": round(ev.get("loss", 0.0), 4), "alpha": ev.get("alpha"),
                             "tau_tf": round(ev.get("tau_tf", 0.0), 3)})
             log.info("step %d: %s", step, history[-1])
+            if ev and ev["tau_tf"] > best_tau:  # keep the best held-out weights (small data overfits)
+                best_tau, best_step = ev["tau_tf"], step
+                best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         if time.time() - last_ckpt > cfg.ckpt_minutes * 60:
             _save_state(state_path, model, opt, step, total, time.time() - t0, cfg)
             export(model, out / "drafter")
@@ -226,9 +230,14 @@ def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_
     wall = time.time() - t0
     _save_state(state_path, model, opt, step, total, wall, cfg)
     ev = evaluate(model, stores, held_refs, t2d, cfg)
+    if best_state is not None and ev and best_tau > ev["tau_tf"]:
+        log.info("final held-out τ_tf %.3f < best %.3f at step %d: exporting the best weights",
+                 ev["tau_tf"], best_tau, best_step)
+        model.load_state_dict(best_state)
+        ev = evaluate(model, stores, held_refs, t2d, cfg)
     report = sts(ev["conf"], ev["match"]) if ev and ev.get("conf") is not None else None
     export(model, out / "drafter", report)
-    metrics = {"steps": step, "wall_minutes": round(wall / 60, 2), "trainable_params": n_params,
+    metrics = {"steps": step, "best_step": best_step, "wall_minutes": round(wall / 60, 2), "trainable_params": n_params,
                "train_sequences": len(train_refs), "heldout_sequences": len(held_refs),
                "train_tokens": int(sum(stores[r.store].seq(r.index)[1] - stores[r.store].seq(r.index)[0] for r in train_refs)),
                "heldout_alpha_tf": ev.get("alpha"), "heldout_tau_tf": ev.get("tau_tf"), "history": history,
