@@ -186,3 +186,25 @@ def test_backend_errors(target: CausalLM) -> None:
     be.verify([0], torch.tensor([[3]]), torch.tensor([0]))
     with pytest.raises(InvalidArgumentError, match="n_keep"):
         be.commit([0], torch.tensor([2]))
+
+
+@pytest.mark.parametrize("policy", ["fixed", "seed"])
+def test_speculative_loop_with_dspark_drafter_is_lossless(target: CausalLM, policy: str) -> None:
+    """A (random-init) DSpark drafter consumes the target's tapped features; output stays the target's greedy."""
+    from dspark_trt.runtime.drafters import DSparkConfig, DSparkDrafter, DSparkModel
+    from dspark_trt.spec.loop import LoopConfig, generate
+    from dspark_trt.spec.scheduler import PolicyConfig
+
+    c = target.config
+    cfg = DSparkConfig(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, vocab_size=c.vocab_size, target_layer_ids=(0, 1),
+                       num_target_layers=c.num_layers, mask_token_id=3, num_hidden_layers=1, block_size=4)
+    torch.manual_seed(0)
+    model = DSparkModel(cfg).float()
+    model.attach_target(target.embed_tokens.weight, target.lm_head_weight)
+    be = SpecBackend(target, DSparkDrafter(model), max_batch=2, max_seq=64)
+    n = 20
+    res = generate(be, PROMPTS[0], max_new_tokens=n, policy=PolicyConfig(policy=policy, k=3),
+                   config=LoopConfig(gamma=4))
+    assert res.tokens == _reference(target, PROMPTS[0], n)
+    assert res.stats.drafted_tokens > 0  # the drafter ran and its tokens were verified
