@@ -80,9 +80,6 @@ class _QuantLinear(nn.Module):
             self.bias = None
         self._cache: dict[str, torch.Tensor] = {}
 
-    def _load_state_dict_hook(self) -> None:
-        self._cache.clear()
-
     def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 - nn.Module signature
         self._cache.clear()
         return super()._apply(fn, recurse)
