@@ -101,7 +101,10 @@ def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1))))
+    # torch intra-op threads per stub: half the cores (1 on 2 cores). On this 2-core shared host, 2 threads made a
+    # tiny model's forward 15× slower than 1 (OpenMP threads waiting on descheduled peers); set OMP_NUM_THREADS
+    # to override on a dedicated host.
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // 2)))
     return env
 
 

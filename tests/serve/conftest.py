@@ -20,6 +20,18 @@ MAX_SEQ_LEN = 256
 MAX_BATCH = 16
 
 
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """In-process generation here (reference, worker tests) with one intra-op thread: on the 2 shared cores of CI,
+    two OpenMP threads made the tiny model ~15× slower."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def tiny_build(tiny_pair, tmp_path_factory: pytest.TempPathFactory) -> Path:  # noqa: ANN001
     """`dspark-trt build` of the tiny target + noisy-copy draft (float32, γ 4, 16 slots, 256 tokens)."""

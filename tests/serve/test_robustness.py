@@ -1,15 +1,19 @@
-"""A second real server on a copy of the tiny build's repository with MAX_QUEUE 2 and the first draft passes
-failing (DSPARK_SERVE_FAULTS=draft:3): drafter fallback keeps outputs identical and is counted; overload turns
-speculation off per round and back on; a stopped or cancelled request frees its KV slot; stop leaves no processes and no
-/dev/shm regions."""
+"""A second real server, started with `dspark-trt serve` (the user's command), on a copy of the tiny build's
+repository with MAX_QUEUE 2 and the first draft passes failing (DSPARK_SERVE_FAULTS=draft:3): drafter fallback
+keeps outputs identical and is counted; overload turns speculation off per round and back on; a stopped or
+cancelled request frees its KV slot; SIGTERM leaves no processes and no /dev/shm regions."""
 from __future__ import annotations
 
 import os
 import queue
 import re
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +22,7 @@ import tritonclient.grpc as grpcclient
 
 from dspark_trt.errors import RequestError
 from dspark_trt.serve.client import generate_remote, stop_remote
-from dspark_trt.serve.server import SHM_PREFIX, TritonServer, _group_pids, _mapped_shm
+from dspark_trt.serve.server import SHM_PREFIX, _group_pids, _mapped_shm
 
 from .conftest import read_metrics
 
@@ -27,17 +31,48 @@ pytestmark = pytest.mark.triton
 FAILING_DRAFTS = 3
 
 
+@dataclass
+class CliServer:
+    """`dspark-trt serve` running in a subprocess (the command users run), with the URLs it printed."""
+
+    proc: subprocess.Popen
+    http_url: str
+    grpc_url: str
+    metrics_url: str
+
+    def server_pid(self) -> int:
+        """The tritonserver child (its pid is also its process group: it runs in its own session)."""
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    stat = (entry / "stat").read_text()
+                except OSError:
+                    continue
+                if "(tritonserver)" in stat and int(stat.rsplit(")", 1)[1].split()[1]) == self.proc.pid:
+                    return int(entry.name)
+        raise AssertionError("no tritonserver child of `dspark-trt serve`")
+
+
 @pytest.fixture(scope="module")
 def fragile(tiny_build: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
     repo = tmp_path_factory.mktemp("fragile") / "model_repo"
     shutil.copytree(tiny_build / "model_repo", repo)
     cfg = repo / "dspark" / "config.pbtxt"
     text = re.sub(r'(key: "MAX_QUEUE" value: \{ string_value: ")\d+', r"\g<1>2", cfg.read_text())
+    assert 'key: "MAX_QUEUE" value: { string_value: "2" }' in text
     cfg.write_text(text)
     env = dict(os.environ, DSPARK_SERVE_FAULTS=f"draft:{FAILING_DRAFTS}")
-    srv = TritonServer(repo, env=env).start()
+    proc = subprocess.Popen([sys.executable, "-m", "dspark_trt.cli", "serve", "--repo", str(repo), "--http-port", "0",
+                             "--grpc-port", "0", "--metrics-port", "0"], stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()  # blocks until READY (or EOF if the command failed)
+    assert line.startswith("READY"), f"`dspark-trt serve` did not become ready (exit {proc.wait()})"
+    urls = dict(kv.split("=", 1) for kv in line.split()[1:])
+    srv = CliServer(proc, urls["http"], urls["grpc"], urls["metrics"])
     yield srv
-    srv.stop()
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait()
 
 
 def test_failing_drafter_falls_back_with_same_output(fragile, reference) -> None:
@@ -129,13 +164,14 @@ def test_grpc_cancel_on_dspark_model_frees_kv_slot(fragile, reference) -> None:
     assert generate_remote(fragile.http_url, "def f", max_tokens=4)["token_ids"]  # the freed slot is usable
 
 
-def test_stop_leaves_nothing(fragile) -> None:
-    pgid = fragile.pid
-    assert pgid is not None
+def test_sigterm_stops_cleanly(fragile) -> None:
+    """SIGTERM to `dspark-trt serve`: exit 0, no tritonserver or stub process, no /dev/shm region left."""
+    pgid = fragile.server_pid()
     pids = _group_pids(pgid)
     shm = _mapped_shm(pids)
     assert len(pids) > 1 and shm, "expected the server, its stubs and their shm regions"
-    fragile.stop()
+    fragile.proc.send_signal(signal.SIGTERM)
+    assert fragile.proc.wait() == 0
     assert _group_pids(pgid) == []
     assert not [n for n in shm if (Path("/dev/shm") / n).exists()]
     assert not any(p.name.startswith(SHM_PREFIX) and p.name in shm for p in Path("/dev/shm").iterdir())
