@@ -47,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", type=Path, default=None,
                    help="draft checkpoint dir (DSpark, PARD or LM; default: the shipped DSpark drafter)")
     p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="runtime dtype (default bfloat16)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads (0 = torch's default; 1 is fastest on a busy 2-core host)")
     p.add_argument("--engine-dir", type=Path, default=None, help="a finished `dspark-trt build` directory")
     p.add_argument("--url", default=None, help="HOST:PORT of a running `dspark-trt serve` (Triton)")
     p.add_argument("--protocol", choices=("http", "grpc"), default="http", help="with --url (default http)")
@@ -123,6 +125,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from dspark_trt.engine import SpeculativeDecodingEngine
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
 
     target, draft, tok, built_gamma = _models(args)
     ids = _encode(tok, args.prompt, args.chat)
