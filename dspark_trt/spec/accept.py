@@ -67,12 +67,11 @@ def top_signals(probs: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor,
     else:
         top1 = probs[..., 0]
         margin = top1.clone()
-    zero = torch.zeros((), dtype=torch.float32)
-    return torch.where(valid, top1.float(), zero), torch.where(valid, margin.float(), zero)
+    return torch.where(valid, top1.float(), 0.0), torch.where(valid, margin.float(), 0.0)
 
 
 def _valid(k: torch.Tensor, kp1: int) -> torch.Tensor:
-    return torch.arange(kp1).unsqueeze(0) <= k.unsqueeze(1)  # [B, K+1]
+    return torch.arange(kp1, device=k.device).unsqueeze(0) <= k.unsqueeze(1)  # [B, K+1]
 
 
 def greedy_accept(
@@ -87,7 +86,7 @@ def greedy_accept(
     k = k.to(torch.long)
     logits = logits.float()
     target = logits.argmax(dim=-1)  # [B, K+1]
-    match = (target[:, :kmax] == draft.to(torch.long)) & (torch.arange(kmax).unsqueeze(0) < k.unsqueeze(1))  # [B, K]
+    match = (target[:, :kmax] == draft.to(torch.long)) & (torch.arange(kmax, device=k.device).unsqueeze(0) < k.unsqueeze(1))  # [B, K]
     accepted = match.to(torch.long).cumprod(dim=1).sum(dim=1)  # [B]
     next_token = target.gather(1, accepted.unsqueeze(1)).squeeze(1)  # [B]
     top1, margin = top_signals(torch.softmax(logits, dim=-1), _valid(k, kmax + 1))
@@ -108,8 +107,8 @@ def target_probs(
     logits = logits.float()
     b, v = logits.shape[0], logits.shape[-1]
     view = (b,) + (1,) * (logits.dim() - 1)
-    t = torch.as_tensor(temperature, dtype=torch.float32).expand(b).reshape(view)
-    p_top = torch.as_tensor(top_p, dtype=torch.float32).expand(b).reshape(view)
+    t = torch.as_tensor(temperature, dtype=torch.float32, device=logits.device).expand(b).reshape(view)
+    p_top = torch.as_tensor(top_p, dtype=torch.float32, device=logits.device).expand(b).reshape(view)
     if bool(((p_top <= 0) | (p_top > 1)).any()):
         raise InvalidArgumentError(f"top_p must be in (0, 1], got {p_top.flatten().tolist()}")
     greedy = t <= 0
@@ -120,7 +119,7 @@ def target_probs(
         before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly before each token
         keep_sorted = before < p_top
         keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
-        probs = torch.where(keep, probs, torch.zeros((), dtype=probs.dtype))
+        probs = torch.where(keep, probs, 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     if bool(greedy.any()):
         onehot = torch.nn.functional.one_hot(logits.argmax(dim=-1), v).to(probs.dtype)
@@ -145,7 +144,7 @@ def exponential_race(
     (max score, index) pair per row. Drafters sample with stream=STREAM_DRAFT (position = the draft token's
     absolute position) so a request's output depends only on its seed, never on batch neighbours."""
     v = weights.shape[-1]
-    lanes = torch.arange(v, dtype=torch.int64).unsqueeze(0)  # [1, V]
+    lanes = torch.arange(v, dtype=torch.int64, device=weights.device).unsqueeze(0)  # [1, V]
     u = rng.uniform(seeds.to(torch.int64).unsqueeze(1), positions.to(torch.int64).unsqueeze(1),
                     stream, lanes)  # [B, V]
     e = -torch.log(u + _U_OFFSET)
@@ -176,10 +175,11 @@ def sample_accept(
     distribution) for sampled rows and from softmax(logits) for greedy rows; 0 past k."""
     b, kmax, v = _check(logits, draft, k)
     k = k.to(torch.long)
-    temperature = torch.as_tensor(temperature, dtype=torch.float32).expand(b)
-    top_p = torch.as_tensor(top_p, dtype=torch.float32).expand(b)
-    seeds = torch.as_tensor(seeds, dtype=torch.int64).expand(b) & rng.MASK32
-    positions = torch.as_tensor(positions, dtype=torch.int64).expand(b)
+    dev = logits.device
+    temperature = torch.as_tensor(temperature, dtype=torch.float32, device=dev).expand(b)
+    top_p = torch.as_tensor(top_p, dtype=torch.float32, device=dev).expand(b)
+    seeds = torch.as_tensor(seeds, dtype=torch.int64, device=dev).expand(b) & rng.MASK32
+    positions = torch.as_tensor(positions, dtype=torch.int64, device=dev).expand(b)
     greedy_rows = temperature <= 0
     res = greedy_accept(logits, draft, k)
     if bool(greedy_rows.all()):
@@ -191,7 +191,7 @@ def sample_accept(
     p = target_probs(logits, temperature, top_p)  # [B, K+1, V]
     q = q.float()
     d = draft.to(torch.long)
-    j = torch.arange(kmax).unsqueeze(0)  # [1, K]
+    j = torch.arange(kmax, device=logits.device).unsqueeze(0)  # [1, K]
     p_d = p[:, :kmax].gather(2, d.unsqueeze(2)).squeeze(2)  # [B, K]
     q_d = q.gather(2, d.unsqueeze(2)).squeeze(2)  # [B, K]
     u = rng.uniform(seeds.unsqueeze(1), positions.unsqueeze(1) + j, rng.STREAM_ACCEPT)  # [B, K]
@@ -199,7 +199,7 @@ def sample_accept(
     accepted = ok.to(torch.long).cumprod(dim=1).sum(dim=1)  # [B]
     idx = accepted.view(b, 1, 1).expand(b, 1, v)
     p_at = p.gather(1, idx).squeeze(1)  # [B, V] target dist at the committed position
-    q_pad = torch.cat([q, torch.zeros(b, 1, v)], dim=1)  # [B, K+1, V]; q at position k is unused (bonus)
+    q_pad = torch.cat([q, torch.zeros(b, 1, v, device=q.device)], dim=1)  # [B, K+1, V]; q at position k is unused (bonus)
     q_at = q_pad.gather(1, idx).squeeze(1)  # [B, V]
     rejected = accepted < k  # [B]
     residual = torch.clamp(p_at - q_at, min=0.0)

@@ -192,7 +192,8 @@ class RoundScheduler:
 
     def _first_tokens(self, logits: torch.Tensor, acts: list[_Active]) -> list[int]:
         """logits [B, V] at each prompt end → first generated token (argmax, or a sample keyed on position)."""
-        out = logits.float().argmax(dim=-1)  # [B]
+        logits = logits.float().cpu()  # [B, V]: one row per admitted request, cheap to move
+        out = logits.argmax(dim=-1)  # [B]
         sampled = [i for i, a in enumerate(acts) if not a.req.sampling.greedy]
         if sampled:
             idx = torch.tensor(sampled)
@@ -253,17 +254,25 @@ class RoundScheduler:
 
     def _accept(self, logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, q: torch.Tensor | None,
                 acts: list[_Active]) -> AcceptResult:
+        """Acceptance on the logits' device (kernels on CUDA via the backend); results come back on the CPU."""
+        dev = logits.device
         sampling = [a.req.sampling for a in acts]
-        positions = torch.tensor([a.n_committed for a in acts], dtype=torch.long)  # [B] position of d_1
+        positions = torch.tensor([a.n_committed for a in acts], dtype=torch.long, device=dev)  # [B] position of d_1
+        draft, k = draft.to(dev), k.to(dev)
         if all(s.greedy for s in sampling):
-            return self.backend.accept(logits, draft, k, None, sampling)
-        if q is None:  # only reached with K = 0 everywhere (see _round): bonus sampling from p
-            q = torch.zeros(logits.shape[0], logits.shape[1] - 1, logits.shape[2])  # [B, K, V]
-        if self._accept_positions:
-            return self.backend.accept(logits, draft, k, q, sampling, positions=positions)  # type: ignore[call-arg]
-        return spec_accept.sample_accept(
-            logits, draft, q, k, torch.tensor([s.temperature for s in sampling]),
-            torch.tensor([s.top_p for s in sampling]), torch.tensor([int(s.seed or 0) for s in sampling]), positions)
+            res = self.backend.accept(logits, draft, k, None, sampling)
+        else:
+            if q is None:  # only reached with K = 0 everywhere (see _round): bonus sampling from p
+                q = torch.zeros(logits.shape[0], logits.shape[1] - 1, logits.shape[2])  # [B, K, V]
+            q = q.to(dev)
+            if self._accept_positions:
+                res = self.backend.accept(logits, draft, k, q, sampling, positions=positions)  # type: ignore[call-arg]
+            else:
+                res = spec_accept.sample_accept(
+                    logits, draft, q, k, torch.tensor([s.temperature for s in sampling], device=dev),
+                    torch.tensor([s.top_p for s in sampling], device=dev),
+                    torch.tensor([int(s.seed or 0) for s in sampling], device=dev), positions)
+        return AcceptResult(res.accepted.cpu(), res.next_token.cpu(), res.top1.cpu(), res.margin.cpu())
 
     def _round(self, events: dict[int, RoundEvent]) -> None:
         acts = list(self._active.values())
