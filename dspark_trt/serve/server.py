@@ -43,6 +43,7 @@ class TritonInstall:
     binary: Path
     python_backend: Path  # directory holding libtriton_python.so and triton_python_backend_utils.py
     stub: Path  # triton_python_backend_stub matching this interpreter
+    system: bool = False  # an installed server (NVIDIA container): use its own backends directory as is
 
 
 def _bundled() -> TritonInstall | None:
@@ -64,7 +65,7 @@ def _system() -> TritonInstall | None:
     stub = backends / "triton_python_backend_stub"
     if not (backends / "libtriton_python.so").exists() or not stub.exists():
         return None
-    return TritonInstall(Path(binary), backends, stub)
+    return TritonInstall(Path(binary), backends, stub, system=True)
 
 
 def find_triton(prefer_system: bool = True) -> TritonInstall:
@@ -206,7 +207,8 @@ class TritonServer:
                              "or pass --repo build/NAME/model_repo")
         inst = find_triton(self.prefer_system)
         self._tmp = Path(tempfile.mkdtemp(prefix="dspark_triton_"))
-        backend_dir = prepare_backend_dir(inst, self._tmp / "backends")
+        # bundled: a directory of symlinks to the wheel's pieces; system: its own (keeps e.g. tensorrtllm there)
+        backend_dir = inst.python_backend.parent if inst.system else prepare_backend_dir(inst, self._tmp / "backends")
         for name in ("http_port", "grpc_port", "metrics_port"):
             if getattr(self, name) == 0:
                 setattr(self, name, free_port())
