@@ -112,3 +112,24 @@ def test_target_and_draft_models_explicit_batch(server, reference) -> None:
     out = client.infer("draft", inputs)
     assert out.as_numpy("anchor_ids").tolist() == nxt.tolist()
     assert out.as_numpy("draft_ids").shape == (len(rows), 4) and out.as_numpy("confidence").shape == (len(rows), 4)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_seeded_sampling_plain_equals_in_process(server, reference, protocol: str) -> None:
+    """Sampling is keyed on (seed, position), so the served plain-policy sample equals the in-process one.
+    (Speculative policies are lossless in distribution; their per-seed reproducibility depends on the drafter's
+    RNG, see docs/serving.md.)"""
+    from dspark_trt.spec.loop import LoopConfig, generate
+    from dspark_trt.spec.protocols import SamplingParams
+    from dspark_trt.spec.scheduler import PolicyConfig
+
+    from .conftest import GAMMA
+
+    prompt = "import os\nimport sys"
+    want = generate(reference.backend, reference.ids(prompt), max_new_tokens=24,
+                    sampling=SamplingParams(0.8, 0.95, 11), policy=PolicyConfig(policy="plain", min_k=0),
+                    eos_ids=reference.eos, config=LoopConfig(gamma=GAMMA)).tokens
+    url = server.http_url if protocol == "http" else server.grpc_url
+    out = generate_remote(url, prompt, max_tokens=24, protocol=protocol, policy="plain", temperature=0.8, top_p=0.95,
+                          seed=11)
+    assert out["token_ids"] == want
