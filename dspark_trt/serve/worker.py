@@ -35,7 +35,7 @@ from dspark_trt.spec.loop import RoundEvent, RoundScheduler
 
 log = logging.getLogger(__name__)
 
-FAULT_ENV = "DSPARK_SERVE_FAULTS"  # "draft": every draft pass raises; "draft:N": the first N do (tests the fallback)
+FAULT_ENV = "DSPARK_SERVE_FAULTS"  # "draft" / "verify": every such pass raises; "draft:N": the first N do (tests)
 
 
 class ResponseSink(Protocol):
@@ -88,14 +88,20 @@ class TimedBackend:
     def __init__(self, inner: Any, metrics: ServeMetrics, faults: str = "") -> None:
         self._inner = inner
         self._metrics = metrics
-        self._draft_faults = 0  # draft passes still to fail (−1: all)
+        self._faults = {"draft": 0, "verify": 0}  # passes still to fail (−1: all)
         for f in (f.strip() for f in faults.split(",") if f.strip()):
             name, _, count = f.partition(":")
-            if name == "draft":
-                self._draft_faults = int(count) if count else -1
+            if name in self._faults:
+                self._faults[name] = int(count) if count else -1
         self.vocab_size = inner.vocab_size
         self.max_batch = inner.max_batch
         self.max_seq = inner.max_seq
+
+    def _inject(self, name: str) -> None:
+        if self._faults[name] != 0:
+            self._faults[name] -= 1 if self._faults[name] > 0 else 0
+            err = DrafterError if name == "draft" else RuntimeError
+            raise err(f"injected {name} failure ({FAULT_ENV})")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -103,9 +109,7 @@ class TimedBackend:
     def draft(self, slots: Sequence[int], anchors: torch.Tensor, gamma: int, sampling: Sequence[Any]) -> Any:
         t0 = time.perf_counter()
         try:
-            if self._draft_faults != 0:
-                self._draft_faults -= 1 if self._draft_faults > 0 else 0
-                raise DrafterError(f"injected drafter failure ({FAULT_ENV})")
+            self._inject("draft")
             return self._inner.draft(slots, anchors, gamma, sampling)  # DraftBlock tokens [B, γ]
         except Exception:
             self._metrics.inc("dspark_fallback_total")
@@ -116,6 +120,7 @@ class TimedBackend:
     def verify(self, slots: Sequence[int], tokens: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
         try:
+            self._inject("verify")
             return self._inner.verify(slots, tokens, k)  # logits [B, K+1, V]
         finally:
             self._metrics.observe("dspark_verify_latency_seconds", time.perf_counter() - t0)
@@ -190,23 +195,30 @@ class InflightBatcher:
                 self._incoming.clear()
                 stops = list(self._stops)
                 self._stops.clear()
-            for job in incoming:
-                self._admit(job)
-            for key, sink in stops:
-                self._stop_job(key, sink)
-            self._drop_cancelled()
-            if not self._jobs:
-                continue
             try:
-                self._round()
-            except Exception as exc:  # noqa: BLE001 - a failed round must not kill the server
-                log.exception("round failed; answering its %d request(s) with errors", len(self._jobs))
-                for rid, job in list(self._jobs.items()):
-                    self.scheduler.cancel(rid)
-                    job.sink.error(f"generation failed in the round loop ({type(exc).__name__}: {exc}); "
-                                   "retry, and report it with the server log if it persists")
-                    self.metrics.inc("dspark_errors_total")
-                self._jobs.clear()
+                for job in incoming:
+                    self._admit(job)
+                for key, sink in stops:
+                    self._stop_job(key, sink)
+                self._drop_cancelled()
+                if self._jobs:
+                    self._round()
+            except Exception as exc:  # noqa: BLE001 - a failed round must not kill the loop (or the server)
+                self._fail_all(exc)
+
+    def _fail_all(self, exc: Exception) -> None:
+        """Answer every request in the loop with an error, free their slots, keep serving."""
+        log.exception("round loop failed; answering its %d request(s) with errors", len(self._jobs))
+        for rid, job in list(self._jobs.items()):
+            try:
+                self.scheduler.cancel(rid)
+            except Exception:  # noqa: BLE001 - the slot state is already suspect; keep answering the rest
+                log.exception("cancelling request %d failed", rid)
+            job.sink.error(f"generation failed in the round loop ({type(exc).__name__}: {exc}); retry, and report "
+                           "it with the server log if it persists")
+            self.metrics.inc("dspark_errors_total")
+        self._jobs.clear()
+        self.metrics.set("dspark_active_requests", self.scheduler.active)
 
     def _admit(self, job: Job) -> None:
         try:

@@ -122,3 +122,20 @@ def test_tiny_max_tokens(reference, n: int) -> None:  # noqa: ANN001
     assert sink.done.wait(300)
     batcher.stop()
     assert sink.ids == reference(PROMPTS[2], n)
+
+
+def test_failed_round_answers_errors_and_keeps_serving(reference) -> None:  # noqa: ANN001
+    batcher, metrics = _batcher(reference, faults="verify:1")
+    sinks = [Sink(), Sink()]
+    for p, s in zip(PROMPTS, sinks):
+        batcher.submit(_job(reference, p, 8, s))
+    batcher.start()
+    for s in sinks:
+        assert s.done.wait(300)
+    after = Sink()
+    batcher.submit(_job(reference, PROMPTS[2], 8, after))
+    assert after.done.wait(300)
+    batcher.stop()
+    assert all(s.err and "injected verify failure" in s.err for s in sinks)
+    assert after.err is None and after.ids == reference(PROMPTS[2], 8)
+    assert metrics.counters["dspark_errors_total"] == 2 and batcher.scheduler.active == 0
