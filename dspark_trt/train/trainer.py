@@ -5,7 +5,8 @@ Owns: `TrainConfig` (frozen defaults of `dspark-trt train-drafter`), `train(...)
 train.loss, batches from train.batches, the module and checkpoint format from runtime.drafters.
 Deterministic for a seed: batch b of step s is drawn from numpy Generator([seed, s]), so a resumed run
 continues the same batch sequence. The learning-rate schedule is step-based (warmup + cosine); with only
-a minute budget, the total step count is fixed after timing the first steps and stored for resume.
+a minute budget, the total step count is refitted every 25 steps to the measured step time (so the cosine
+ends when the budget does; bit-exact determinism needs --max-steps).
 """
 from __future__ import annotations
 
@@ -194,10 +195,11 @@ def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_
         now = time.time()
         if (total and step >= total) or (now - t0) >= budget:
             break
-        if not total and step == s0 + 10:  # fix the schedule length from the measured step time
-            total = max(step + 1, step + int((budget - (now - t0)) / ((now - ts0) / 10)))
+        if not cfg.max_steps and step >= s0 + 10 and (not total or step % 25 == 0):
+            # time budget: (re)fit the schedule length to the measured step time (shared CPUs drift)
+            total = max(step + 1, step + int((budget - (now - t0)) / ((now - ts0) / (step - s0))))
             bar.total = total
-            log.info("schedule: %d steps in %.1f min", total, cfg.max_minutes)
+            log.debug("schedule: %d steps in %.1f min", total, cfg.max_minutes)
         for g in opt.param_groups:
             g["lr"] = _lr(cfg, step, total or 10**9)
         rng = np.random.default_rng([cfg.seed, step])
