@@ -4,8 +4,8 @@ Owns:
 - Llama-family models (Llama, Mistral → decoder "llama"; Qwen2 → "qwen"): ModelOpt's
   export_tensorrt_llm_checkpoint (quantized or not, float16/bfloat16, inference_tensor_parallel = TP),
   then `patch_config`: ModelOpt 0.47 + transformers 5 drop rope_theta (it moved into rope_parameters),
-  so rotary_base / rotary_scaling / tie_word_embeddings / attn_bias / mlp_bias are written from the HF
-  config, plus a `dspark` section (HF config, generation config, tool versions, the version catch).
+  so rotary_base / rotary_scaling / tie_word_embeddings / attn_bias / mlp_bias (and qwen_type for Qwen2)
+  are written from the HF config, plus a `dspark` section (HF config, generation config, tool versions, the version catch).
 - --dtype float32 (unquantized only): our own writer (`write_unquantized`), because ModelOpt 0.47 writes
   float16 when asked for float32; same tensor names and config keys as ModelOpt's (tested).
 - The DSpark drafter (not a TRT-LLM architecture): `export_dspark`, architecture "DSparkDrafter",
@@ -66,7 +66,13 @@ def patch_config(ckpt: Path, hf_dir: Path, extra: dict[str, Any]) -> dict[str, A
     cfg["rotary_base"] = base
     cfg["rotary_scaling"] = scaling
     cfg["tie_word_embeddings"] = bool(hf.get("tie_word_embeddings", False))
-    cfg.setdefault("attn_bias", bool(cfg.get("bias", False)))
+    if cfg.get("architecture") == "Qwen2ForCausalLM":
+        # tensorrt_llm/models/qwen/config.py: QWenConfig reads qwen_type (default path would be Qwen1) and
+        # attn_bias (q/k/v bias) — ModelOpt 0.47 writes neither (and writes "bias": false).
+        cfg["qwen_type"] = hf.get("model_type", "qwen2")
+        cfg["attn_bias"] = True
+    else:
+        cfg["attn_bias"] = bool(hf.get("attention_bias", False))
     cfg["mlp_bias"] = bool(hf.get("mlp_bias", False))
     cfg["dspark"] = {"hf_config": hf, "generation_config": _read_json(hf_dir / "generation_config.json") or None,
                      **extra}
