@@ -46,6 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baseline")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+    p.add_argument("--note", action="append", default=[], help="a line added to the report's notes (repeatable)")
     p.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"), help="markdown report path")
 
 
@@ -226,4 +227,6 @@ def _report(args: argparse.Namespace, stamp: dict[str, Any], rates: dict[str, li
     lines += ["", "Target step cost by tokens verified (profiled at start, batch 1; used by the survival policy): "
               + ", ".join(f"{n}: {s / base:.2f}×" for n, s in zip(table.tokens, table.seconds)) + ".",
               "", "τ = generated tokens / target forwards (prefill included, bonus included).", ""]
+    if args.note:
+        lines += ["## Notes", ""] + [f"- {n}" for n in args.note] + [""]
     return "\n".join(lines)
