@@ -32,35 +32,40 @@ class LossOut:
 
 def dspark_loss(logits: torch.Tensor, conf_logit: torch.Tensor | None, topk_ids: torch.Tensor,
                 topk_logp: torch.Tensor, t2d: torch.Tensor, valid: torch.Tensor,
-                w: LossWeights = LossWeights()) -> LossOut:
+                w: LossWeights = LossWeights(), with_acc: bool = True) -> LossOut:
     """logits [N, γ, Vd] float32 (U + Markov bias), conf_logit [N, γ] | None, topk_ids [N, γ, k] target ids,
-    topk_logp [N, γ, k], t2d [V] long (draft id or −1), valid [N, γ] bool → LossOut."""
+    topk_logp [N, γ, k], t2d [V] long (draft id or −1), valid [N, γ] bool → LossOut.
+
+    Only two passes touch the full [N, γ, Vd] tensor (log_softmax and one gather): CE and L1 need the
+    draft's log-probs at the teacher's top-k ids only (the top-1 is the CE label; the tail mass is
+    1 − Σ top-k). The rest works on [N, γ, k]."""
     N, G, Vd = logits.shape
     logp_d = torch.log_softmax(logits, dim=-1)  # [N, γ, Vd]
-    p_d = logp_d.exp()
     p_t = topk_logp.float().exp()  # [N, γ, k]
     dids = t2d[topk_ids]  # [N, γ, k] draft ids or −1
     in_d = dids >= 0
-    pd_on = torch.where(in_d, p_d.gather(-1, dids.clamp(min=0)), torch.zeros_like(p_t))  # [N, γ, k]
+    lp_on = logp_d.gather(-1, dids.clamp(min=0))  # [N, γ, k]
+    pd_on = torch.where(in_d, lp_on.exp(), torch.zeros_like(p_t))  # [N, γ, k]
     tail_t = (1.0 - p_t.sum(-1)).clamp(min=0.0)  # target mass outside top-k
     tail_d = (1.0 - pd_on.sum(-1)).clamp(min=0.0)  # draft mass outside top-k
     l1 = (pd_on - p_t).abs().sum(-1) + (tail_d - tail_t).abs()  # [N, γ], in [0, 2]
-    label = torch.where(in_d[..., 0], dids[..., 0], torch.full_like(dids[..., 0], -100))  # [N, γ]
+    ce_ok = in_d[..., 0] & valid  # CE label = the teacher's top-1, when it is in the draft vocabulary
     vf = valid.float()
     pos_w = torch.exp(-torch.arange(G, device=logits.device, dtype=torch.float32) / w.decay)  # [γ]
     denom = vf.sum().clamp(min=1.0)
-    ce_all = F.cross_entropy(logp_d.reshape(-1, Vd), label.masked_fill(~valid, -100).reshape(-1),
-                             ignore_index=-100, reduction="none").view(N, G)
-    ce = (ce_all * vf).sum() / denom
+    ce = -(lp_on[..., 0] * ce_ok.float()).sum() / ce_ok.float().sum().clamp(min=1.0)
     l1_term = (l1 * pos_w * vf).sum() / denom
     bce = logits.new_zeros(())
     if conf_logit is not None:
         target = (1.0 - 0.5 * l1).detach().clamp(0.0, 1.0)
         bce = (F.binary_cross_entropy_with_logits(conf_logit, target, reduction="none") * vf).sum() / denom
     total = w.ce * ce + w.l1 * l1_term + w.bce * bce
-    with torch.no_grad():
-        hit = (logits.argmax(-1) == label) & valid
-        acc = hit.float().sum(0) / vf.sum(0).clamp(min=1.0)
+    acc = torch.zeros(G)
+    if with_acc:
+        with torch.no_grad():
+            label = torch.where(in_d[..., 0], dids[..., 0], torch.full_like(dids[..., 0], -100))
+            hit = (logits.argmax(-1) == label) & valid
+            acc = hit.float().sum(0) / vf.sum(0).clamp(min=1.0)
     return LossOut(total, ce.detach(), l1_term.detach(), bce.detach(), acc)
 
 

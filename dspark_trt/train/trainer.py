@@ -77,7 +77,8 @@ def _to(b: Batch, dev: torch.device) -> Batch:
     return Batch(*(getattr(b, f.name).to(dev) for f in dataclasses.fields(Batch)))
 
 
-def forward_loss(model: DSparkModel, b: Batch, t2d: torch.Tensor, cfg: TrainConfig):  # noqa: ANN201
+def forward_loss(model: DSparkModel, b: Batch, t2d: torch.Tensor, cfg: TrainConfig,  # noqa: ANN201
+                 with_acc: bool = True):
     """One teacher-forced forward + loss on a batch (→ LossOut, conf_logit [N, γ], match [N, γ])."""
     dev = b.features.device
     with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
@@ -85,7 +86,7 @@ def forward_loss(model: DSparkModel, b: Batch, t2d: torch.Tensor, cfg: TrainConf
     G = cfg.gamma
     lo = dspark_loss(logits.float().reshape(-1, G, logits.shape[-1]), None if conf is None else conf.float().reshape(-1, G),
                      b.topk_ids.reshape(-1, G, b.topk_ids.shape[-1]), b.topk_logp.reshape(-1, G, b.topk_logp.shape[-1]),
-                     t2d, b.valid.reshape(-1, G), cfg.loss)
+                     t2d, b.valid.reshape(-1, G), cfg.loss, with_acc=with_acc)
     return lo, logits, conf
 
 
@@ -102,7 +103,7 @@ def evaluate(model: DSparkModel, stores: Sequence[FeatureStore], refs: Sequence[
         rng = np.random.default_rng([cfg.seed, 10**9 + i])
         pick = [refs[j] for j in rng.integers(0, len(refs), size=cfg.batch_seqs)]
         b = _to(make_batch(stores, pick, rng, cfg.anchors, cfg.gamma, cfg.max_len), dev)
-        lo, logits, conf = forward_loss(model, b, t2d, cfg)
+        lo, logits, conf = forward_loss(model, b, t2d, cfg, with_acc=False)
         top1 = t2d[b.topk_ids[..., 0]]  # [B, A, γ]
         matches.append((logits.argmax(-1) == top1).reshape(-1, cfg.gamma).float().cpu())
         if conf is not None:
@@ -205,7 +206,7 @@ def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_
         rng = np.random.default_rng([cfg.seed, step])
         pick = [train_refs[j] for j in rng.integers(0, len(train_refs), size=cfg.batch_seqs)]
         b = _to(make_batch(stores, pick, rng, cfg.anchors, cfg.gamma, cfg.max_len), dev)
-        lo, _, _ = forward_loss(model, b, t2d, cfg)
+        lo, _, _ = forward_loss(model, b, t2d, cfg, with_acc=step % 10 == 0)
         opt.zero_grad(set_to_none=True)
         lo.total.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -214,7 +215,8 @@ def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_
         lt = float(lo.total.detach())
         ema = lt if ema is None else 0.95 * ema + 0.05 * lt
         bar.update(1)
-        bar.set_postfix(loss=f"{ema:.3f}", ce=f"{float(lo.ce):.2f}", a1=f"{float(lo.acc[0]):.2f}")
+        if step % 10 == 1:
+            bar.set_postfix(loss=f"{ema:.3f}", ce=f"{float(lo.ce):.2f}", a1=f"{float(lo.acc[0]):.2f}")
         if cfg.eval_every and step % cfg.eval_every == 0:
             ev = evaluate(model, stores, held_refs, t2d, cfg)
             history.append({"step": step, "min": round((time.time() - t0) / 60, 2), "train_loss": round(ema, 4),
