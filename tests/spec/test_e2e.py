@@ -174,6 +174,9 @@ def test_bench_writes_a_report(tiny_pair, tmp_path, capsys) -> None:
     assert main(["bench", "--target", str(tiny_pair.target), "--draft", str(tiny_pair.draft), "--dtype", "float32",
                  "--max-new-tokens", "6", "--prompts-per-kind", "1", "--no-hf", "--out", str(out)]) == 0
     text = out.read_text()
-    assert "| ours plain |" in text and "| ours DSpark (survival) |" in text and "Machine:" in text
+    assert "| ours plain |" in text and "| ours DSpark (survival) |" in text and "Machine:" in text, text
     rows = [line for line in text.splitlines() if line.startswith("| ours DSpark")]
-    assert len(rows) == 6 and all(r.rstrip().endswith("| yes |") for r in rows[:3])  # 3 main rows + 3 per-position
+    # 3 main rows + one per-position row per policy that verified drafts (survival may choose K = 0 throughout
+    # when the profiled cost table says verification is expensive: timing-dependent, so not asserted)
+    assert 4 <= len(rows) <= 6, text
+    assert all(r.rstrip().endswith("| yes |") for r in rows[:3]), text  # lossless
