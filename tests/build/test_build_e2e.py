@@ -67,7 +67,7 @@ def test_build_and_generate_lossless(builds, name: str) -> None:  # noqa: ANN001
     else:
         assert q["greedy_agreement"] > 0.8, q  # quantized, yet close to the float model
         assert st["quantize"]["outputs"]["target_fake_quant"]["greedy_agreement"] > 0.8
-        path = {"fp8": "torch._scaled_mm", "int8_sq": "torch._int_mm", "w8a16": "torch._weight_int8pack_mm"}[name]
+        path = {"fp8": "fp8-emulated", "int8_sq": "torch._int_mm", "w8a16": "torch._weight_int8pack_mm"}[name]
         assert q["linear_paths"] == {path: 8}  # 2 layers × (qkv, dense, fused_fc, proj); lm_head stays float
 
     # float32 around the quantized kernels: in bf16 a K+1-token verify pass and a 1-token decode step round

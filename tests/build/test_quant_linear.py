@@ -20,7 +20,24 @@ def test_kernel_probe_matches_paths() -> None:
     k = kernel_paths()
     assert W8A16Linear(8, 4, False, torch.float32).path == ("torch._weight_int8pack_mm" if k["int8pack_mm"] else "dequantized")
     assert W8A8SQLinear(8, 4, False, torch.float32).path == ("torch._int_mm" if k["int_mm"] else "dequantized")
-    assert FP8Linear(8, 4, False, torch.float32).path == ("torch._scaled_mm" if k["scaled_mm"] else "dequantized")
+    assert FP8Linear(8, 4, False, torch.float32).path == "fp8-emulated"  # CPU _scaled_mm is a reference kernel
+
+
+def test_fp8_scaled_mm_path_agrees_with_emulation(monkeypatch: pytest.MonkeyPatch) -> None:
+    if not kernel_paths()["scaled_mm"]:
+        pytest.skip("torch._scaled_mm missing on this build")
+    monkeypatch.setenv("DSPARK_FP8_SCALED_MM", "1")
+    a = FP8Linear(32, 16, False, torch.float32)
+    monkeypatch.delenv("DSPARK_FP8_SCALED_MM")
+    b = FP8Linear(32, 16, False, torch.float32)
+    assert a.path == "torch._scaled_mm" and b.path == "fp8-emulated"
+    w = torch.randn(16, 32)
+    for m in (a, b):
+        m.weight.copy_((w / (w.abs().max() / 448)).to(FP8))
+        m.weights_scaling_factor.fill_(float(w.abs().max() / 448))
+        m.activation_scaling_factor.fill_(0.01)
+    x = torch.randn(4, 32)
+    torch.testing.assert_close(a(x), b(x), rtol=1e-4, atol=1e-4)
 
 
 def test_w8a16_matches_dequantized() -> None:
