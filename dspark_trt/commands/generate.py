@@ -79,8 +79,12 @@ def _remote(args: argparse.Namespace) -> dict[str, Any]:
         sys.stderr.write(piece)
         sys.stderr.flush()
 
+    # The server's fixed policy verifies K = max_k tokens per round.
+    min_k, max_k = args.min_k, args.max_k
+    if args.policy == "fixed":
+        min_k, max_k = min(args.min_k, args.k), args.k
     return generate_remote(args.url, args.prompt, max_tokens=args.max_new_tokens, protocol=args.protocol,
-                           stream=args.stream, policy=args.policy, min_k=args.min_k, max_k=args.max_k,
+                           stream=args.stream, policy=args.policy, min_k=min_k, max_k=max_k,
                            temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                            apply_chat_template=args.chat or None, on_text=on_text if args.stream else None)
 
