@@ -46,18 +46,22 @@ class FastLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         w = self.weight
+        if w.dtype == torch.float32 or not FEW_ROW_KERNELS or x.device.type != "cpu":
+            return F.linear(x, w, self.bias)
         rows = x.numel() // x.shape[-1]
-        if FEW_ROW_KERNELS and w.dtype != torch.float32 and rows <= MM_MAX_ROWS and x.device.type == "cpu":
-            if rows == 1:
-                y = torch.mv(w, x.reshape(-1))  # [out]
-            else:
-                y = torch.mm(w, x.reshape(rows, -1).t()).t().contiguous()  # [rows, out]
-            if self.bias is not None:
-                y = y + self.bias
-            return y.view(*x.shape[:-1], w.shape[0])
-        return F.linear(x, w, self.bias)
+        if rows == 1:
+            y = torch.mv(w, x.reshape(-1))  # [out]
+        elif rows <= MM_MAX_ROWS:
+            y = torch.mm(w, x.reshape(rows, -1).t()).t().contiguous()  # [rows, out]
+        else:
+            y = F.linear(x.reshape(rows, -1), w)  # [rows, out]
+        if self.bias is not None:  # added separately on every path: same rounding for 1 row and for K+1 rows
+            y = y + self.bias
+        return y.view(*x.shape[:-1], w.shape[0])
 
 
+ROW_EXACT_MAX_T = 32  # see CausalLM._attend
+SPAN_ALIGN = 64  # see _Step: attention spans are padded to a multiple of this
 FEW_ROW_KERNELS = True  # module switch: benchmarks flip it to compare against plain F.linear
 MM_MAX_ROWS = 16
 
@@ -132,7 +136,10 @@ class _Step:
         self.start = start
         starts = start.tolist()
         slot_list = slots.tolist()
-        self.span = max(starts) + T  # keys attended: positions 0..span-1
+        # Keys attended: positions 0..span-1, span rounded up to SPAN_ALIGN (masked). Every query then reduces
+        # over whole vector blocks whose masked tail adds exact zeros, so a token's attention is bit-identical
+        # whether it is decoded alone or verified inside a K+1 block (speculation stays exactly lossless in bf16).
+        self.span = min(-(-(max(starts) + T) // SPAN_ALIGN) * SPAN_ALIGN, cache.max_seq)
         pos = start[:, None] + torch.arange(T)  # [B, T]
         self.pos = pos
         cos, sin = model.rope_tables(self.span)
@@ -152,20 +159,12 @@ class _Step:
         self.single = B == 1
         self.p0 = starts[0]
         self.write_idx = None if self.single else (slots[:, None].expand(B, T), pos)  # ([B, T], [B, T])
-        # Mask [B, 1, T, span] (True = attend). None when every query may see every key up to its position
-        # trivially (one row, one token) or when plain causal masking from position 0 applies.
-        window = cfg.sliding_window
-        need_window = window is not None and self.span > window
-        if B == 1 and T == 1 and not need_window:
-            self.mask, self.causal = None, False
-        elif B == 1 and starts[0] == 0 and not need_window:
-            self.mask, self.causal = None, True
-        else:
-            keys = torch.arange(self.span)  # [S]
-            m = keys[None, None, :] <= pos[:, :, None]  # [B, T, S]
-            if need_window:
-                m &= keys[None, None, :] > pos[:, :, None] - window
-            self.mask, self.causal = m.unsqueeze(1), False  # [B, 1, T, S]
+        # Mask [B, 1, T, span] (True = attend): key s visible to query t iff s ≤ start_b + t (and in the window).
+        keys = torch.arange(self.span)  # [S]
+        m = keys[None, None, :] <= pos[:, :, None]  # [B, T, S]
+        if cfg.sliding_window is not None:
+            m &= keys[None, None, :] > pos[:, :, None] - cfg.sliding_window
+        self.mask = m.unsqueeze(1)  # [B, 1, T, S]
 
     def kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write k, v [B, T, Hkv, D] into the cache; return keys/values [B, Hkv, span, D] to attend."""
@@ -283,10 +282,8 @@ class CausalLM(nn.Module):
             rot = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)  # rotate_half
             qk = qk * cos + rot * sin  # [B, T, H + Hkv, D]
             keys, values = step.kv(i, qk[:, :, H:], v)  # [B, Hkv, span, D]
-            q = qk[:, :, :H].transpose(1, 2)  # [B, H, T, D]
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask, is_causal=step.causal,
-                                               scale=self._scale, enable_gqa=H != Hkv)  # [B, H, T, D]
-            x = x + layer.attention.dense(o.transpose(1, 2).reshape(B, T, H * D))
+            o = self._attend(qk[:, :, :H], keys, values, step)  # [B, T, H * D]
+            x = x + layer.attention.dense(o)
             h = rms_norm(x, layer.post_layernorm.weight, eps)
             gu = layer.mlp.fused_fc(h)  # [B, T, 2I]: gate (up) | fc (SiLU input)
             x = x + layer.mlp.proj(gu[..., :inter] * F.silu(gu[..., inter:]))
@@ -310,6 +307,29 @@ class CausalLM(nn.Module):
             raise InvalidArgumentError(f"logits must be 'all', 'last' or 'none', got {logits!r}.")
         out = self.lm_head(self.final_norm(x)).float()  # [B, T | 1, V]
         return ModelOutput(out, hidden)
+
+    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, step: _Step) -> torch.Tensor:
+        """q [B, T, H, D], keys/values [B, Hkv, S, D] → attention output [B, T, H·D].
+
+        Up to ROW_EXACT_MAX_T tokens, every query is its own SDPA batch entry (keys expanded, a view for B = 1),
+        i.e. exactly the kernel shapes of a one-token decode step: a token verified inside a K+1 block gets
+        bit-identical logits to decoding it alone (bf16 included), so speculation is exactly lossless.
+        """
+        B, T, H, D = q.shape
+        gqa = H != self._Hkv
+        if T > ROW_EXACT_MAX_T:  # long prompts: one SDPA over all queries
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=step.mask,
+                                               scale=self._scale, enable_gqa=gqa)  # [B, H, T, D]
+            return o.transpose(1, 2).reshape(B, T, H * D)
+        S = keys.shape[2]
+        qb = q.reshape(B * T, H, 1, D)  # [B·T, H, 1, D]
+        if T > 1:
+            keys = keys[:, None].expand(B, T, *keys.shape[1:]).reshape(B * T, -1, S, D)  # [B·T, Hkv, S, D]
+            values = values[:, None].expand(B, T, *values.shape[1:]).reshape(B * T, -1, S, D)
+        mask = step.mask.transpose(1, 2).reshape(B * T, 1, 1, S)  # [B·T, 1, 1, S]
+        o = F.scaled_dot_product_attention(qb, keys, values, attn_mask=mask, scale=self._scale,
+                                           enable_gqa=gqa)  # [B·T, H, 1, D]
+        return o.view(B, T, H * D)
 
     # ----------------------------------------------------------------- TRT-LLM state dicts
     def load_trtllm_state_dict(self, state: Mapping[str, torch.Tensor], strict: bool = True,

@@ -170,3 +170,32 @@ def test_default_target_greedy_matches_hf(default_target_dir: Path, dtype: torch
     model = load_hf_checkpoint(default_target_dir, dtype=dtype)
     ours = greedy_decode(model, prompt, n)
     _assert_same_greedy(ours, ref, model.config.eos_token_ids, n)
+
+
+def _verify_equals_decode(model: CausalLM) -> None:
+    """Logits of a K+1 verify block (two rows at different positions) == one-token decode steps: bit for bit in
+    bf16; in fp32 MKL's sgemm (K+1 rows) and sgemv (1 row) round differently, so there to ~1e-5."""
+    ctx = [30, 61]
+    toks = torch.tensor([[5, 77, 300, 41, 9, 12, 13, 14, 15], [8, 7, 6, 5, 4, 3, 2, 1, 0]])  # [B, K+1]
+    cache = model.new_cache(2, 160)
+    for slot, n in enumerate(ctx):
+        model(torch.arange(10, 10 + n).view(1, n), cache, [slot], logits="none")
+    block = model(toks, cache, [0, 1]).logits  # [B, K+1, V]
+    cache.truncate([0, 1], ctx)
+    for slot in range(2):
+        steps = torch.cat([model(toks[slot:slot + 1, i:i + 1], cache, [slot]).logits[0] for i in range(9)])
+        if model.dtype == torch.float32:
+            torch.testing.assert_close(block[slot], steps, rtol=1e-5, atol=1e-4)
+            assert torch.equal(block[slot].argmax(-1), steps.argmax(-1))
+        else:
+            assert torch.equal(block[slot], steps)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_verify_block_is_bit_identical_to_decode_steps(tiny_pair, dtype: torch.dtype) -> None:
+    _verify_equals_decode(load_hf_checkpoint(tiny_pair.qwen2, dtype=dtype))
+
+
+@pytest.mark.slow
+def test_verify_block_is_bit_identical_to_decode_steps_default_bf16(default_target_dir: Path) -> None:
+    _verify_equals_decode(load_hf_checkpoint(default_target_dir, dtype=torch.bfloat16))
