@@ -17,6 +17,7 @@ from typing import Any
 
 from dspark_trt.build.spec import BuildSpec
 from dspark_trt.errors import BuildError, CheckpointError, UnsupportedArchitectureError
+from dspark_trt.runtime.hf_loader import read_json
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +62,7 @@ def read_config(d: Path, role: str) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"The {role} checkpoint {d} has no config.json; point --{role} at a directory written "
                               f"by save_pretrained.")
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"The {role} config {path} is not valid JSON ({e}); restore or re-save the file.") from e
-    if not isinstance(cfg, dict):
-        raise CheckpointError(f"The {role} config {path} must be a JSON object; re-save the checkpoint.")
-    return cfg
+    return read_json(path)  # JSON errors name the file (shared with the runtime's loader)
 
 
 def check_safetensors(path: Path) -> int:
