@@ -19,6 +19,28 @@ BIG_IDX: tl.constexpr = tl.constexpr(2147483647)
 
 
 @triton.jit
+def write_q_and_race(qrow, V, m, s, am, sampled, seed, pos, offs_v, BLOCK_V: tl.constexpr):
+    """One block position's q over V tiles (softmax from the running max m and sum s; one-hot at argmax am when
+    greedy), stored into qrow, and the exponential-race pick on spec.rng's STREAM_DRAFT. Returns the race winner."""
+    best = tl.full((), -1.0, tl.float32)
+    arg = tl.full((), 0, tl.int32)
+    for v0 in range(0, V, BLOCK_V):
+        idx = v0 + offs_v
+        vmask = idx < V
+        x = tl.load(qrow + idx, mask=vmask, other=NEG_INF)
+        p = tl.exp(x - m) / s
+        p = tl.where(sampled, p, tl.where(idx == am, 1.0, 0.0))
+        tl.store(qrow + idx, p, mask=vmask)
+        e = _rng.race_denominator(seed, pos, _rng.STREAM_DRAFT, idx)
+        sc = tl.where(vmask, p / e, -1.0)
+        tb = tl.max(sc, axis=0)
+        ib = tl.min(tl.where(sc == tb, idx, BIG_IDX), axis=0)
+        arg = tl.where(tb > best, ib, arg)
+        best = tl.maximum(best, tb)
+    return arg
+
+
+@triton.jit
 def markov_block_kernel(
     u_ptr,  # in [B, γ, Vd] backbone logits U (fp32/bf16/fp16), last stride 1
     anchor_ptr,  # in [B] int64/int32 x_0 (target id)
@@ -80,21 +102,7 @@ def markov_block_kernel(
             m = new_m
         tl.debug_barrier()
         pos = pos0 + i
-        best = tl.full((), -1.0, tl.float32)
-        arg = tl.full((), 0, tl.int32)
-        for v0 in range(0, V, BLOCK_V):
-            idx = v0 + offs_v
-            vmask = idx < V
-            x = tl.load(qrow + idx, mask=vmask, other=NEG_INF)
-            p = tl.exp(x - m) / s
-            p = tl.where(sampled, p, tl.where(idx == am, 1.0, 0.0))
-            tl.store(qrow + idx, p, mask=vmask)
-            e = _rng.race_denominator(seed, pos, _rng.STREAM_DRAFT, idx)
-            sc = tl.where(vmask, p / e, -1.0)
-            tb = tl.max(sc, axis=0)
-            ib = tl.min(tl.where(sc == tb, idx, BIG_IDX), axis=0)
-            arg = tl.where(tb > best, ib, arg)
-            best = tl.maximum(best, tb)
+        arg = write_q_and_race(qrow, V, m, s, am, sampled, seed, pos, offs_v, BLOCK_V)
         tl.debug_barrier()
         tok = tl.where(sampled, arg, am).to(tl.int64)
         if HAS_D2T:

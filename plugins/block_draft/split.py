@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from plugins import _rng
+from plugins.block_draft.kernel import write_q_and_race
 from plugins.block_draft.reference import MarkovBlock, check_shapes
 
 NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
@@ -125,21 +126,7 @@ def markov_pick_kernel(
     pos = tl.load(pos_ptr + b) + step
     qrow = q_ptr + (b.to(tl.int64) * GAMMA + step) * V
     offs = tl.arange(0, BLOCK_V)
-    best = tl.full((), -1.0, tl.float32)
-    arg = tl.full((), 0, tl.int32)
-    for v0 in range(0, V, BLOCK_V):
-        idx = v0 + offs
-        vmask = idx < V
-        x = tl.load(qrow + idx, mask=vmask, other=NEG_INF)
-        p = tl.exp(x - m) / s
-        p = tl.where(sampled, p, tl.where(idx == am, 1.0, 0.0))
-        tl.store(qrow + idx, p, mask=vmask)
-        e = _rng.race_denominator(seed, pos, _rng.STREAM_DRAFT, idx)
-        sc = tl.where(vmask, p / e, -1.0)
-        tb = tl.max(sc, axis=0)
-        ib = tl.min(tl.where(sc == tb, idx, BIG_IDX), axis=0)
-        arg = tl.where(tb > best, ib, arg)
-        best = tl.maximum(best, tb)
+    arg = write_q_and_race(qrow, V, m, s, am, sampled, seed, pos, offs, BLOCK_V)
     tok = tl.where(sampled, arg, am).to(tl.int64)
     if HAS_D2T:
         tok = tl.load(d2t_ptr + tok).to(tl.int64)
