@@ -1,10 +1,10 @@
-"""`SpeculativeDecodingEngine`: the seed-003 Python API over the reference runtime and spec.loop.
+"""`SpeculativeDecodingEngine`: the seed-003 Python API over the reference runtime and spec_decode.loop.
 
 Owns argument validation (InvalidArgumentError naming the argument and its valid range), turning what the
 user passes (Hugging Face model objects, checkpoint directories, runtime CausalLM / Drafter objects) into a
 runtime backend, the vocabulary check between draft and target (VocabularyMismatchError), mapping the seed's
 knobs (draft_length, use_confidence_scheduling, confidence_threshold) onto spec policies, and the `.stats`
-dict. The algorithm lives in dspark_trt.spec; model execution in dspark_trt.runtime (imported lazily).
+dict. The algorithm lives in dspark_trt.spec_decode; model execution in dspark_trt.runtime (imported lazily).
 
     engine = SpeculativeDecodingEngine(target_model=target, draft_model=draft, tokenizer=tok, max_length=512,
                                        draft_length=5, temperature=0.8, top_p=0.95)
@@ -23,10 +23,10 @@ from typing import Any, Sequence
 import torch
 
 from dspark_trt.errors import InvalidArgumentError, VocabularyMismatchError
-from dspark_trt.spec.loop import GenerateResult, LoopConfig
-from dspark_trt.spec.loop import generate as loop_generate
-from dspark_trt.spec.protocols import SamplingParams
-from dspark_trt.spec.scheduler import POLICIES, CostTable, PolicyConfig
+from dspark_trt.spec_decode.loop import GenerateResult, LoopConfig
+from dspark_trt.spec_decode.loop import generate as loop_generate
+from dspark_trt.spec_decode.protocols import SamplingParams
+from dspark_trt.spec_decode.scheduler import POLICIES, CostTable, PolicyConfig
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def check_vocabularies(draft_cfg: Any, target_cfg: Any) -> None:
 
 
 def _to_drafter(draft: Any, target: Any, gamma: int, dtype: torch.dtype | None, target_dir: Path | None) -> Any:
-    """A spec.protocols.Drafter from a path / HF model / runtime model / Drafter."""
+    """A spec_decode.protocols.Drafter from a path / HF model / runtime model / Drafter."""
     from dspark_trt.runtime.drafters import LMDrafter, load_drafter
 
     if hasattr(draft, "propose") and hasattr(draft, "extend_context"):
@@ -106,7 +106,7 @@ def _to_drafter(draft: Any, target: Any, gamma: int, dtype: torch.dtype | None, 
 
 
 def build_backend(target: Any, drafter: Any | None, max_batch: int, max_seq: int) -> Any:
-    """The runtime's spec.protocols.Backend (dspark_trt.runtime.backend.SpecBackend)."""
+    """The runtime's spec_decode.protocols.Backend (dspark_trt.runtime.backend.SpecBackend)."""
     from dspark_trt.runtime.backend import SpecBackend
 
     return SpecBackend(target, drafter, max_batch=max_batch, max_seq=max_seq)
@@ -217,7 +217,7 @@ class SpeculativeDecodingEngine:
 
     def run(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: SamplingParams | None = None,
             policy: PolicyConfig | None = None, stop_sequences: Sequence[Sequence[int]] = ()) -> GenerateResult:
-        """One request through spec.loop → GenerateResult (tokens, finish_reason, SpecStats); updates .stats."""
+        """One request through spec_decode.loop → GenerateResult (tokens, finish_reason, SpecStats); updates .stats."""
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise _bad("max_new_tokens", max_new_tokens, "an integer ≥ 1")
         room = self.max_length - len(prompt_ids)
@@ -246,7 +246,7 @@ class SpeculativeDecodingEngine:
             ids = ids.unsqueeze(0)
         if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] == 0:
             raise _bad("input_ids", tuple(ids.shape), "a non-empty [1, n] tensor (one sequence; batch with "
-                                                      "dspark_trt.spec.loop.RoundScheduler)")
+                                                      "dspark_trt.spec_decode.loop.RoundScheduler)")
         unknown = set(kw) - {"temperature", "top_p", "seed"}
         if unknown:
             raise InvalidArgumentError(f"unknown generate() arguments {sorted(unknown)}; valid: input_ids, "

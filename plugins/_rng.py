@@ -1,6 +1,6 @@
-"""Triton twin of dspark_trt.spec.rng: the same two-level lowbias32 hash, in native uint32 arithmetic.
+"""Triton twin of dspark_trt.spec_decode.rng: the same two-level lowbias32 hash, in native uint32 arithmetic.
 
-Owns only the device-side hash; the constants are imported from spec.rng so both sides cannot drift.
+Owns only the device-side hash; the constants are imported from spec_decode.rng so both sides cannot drift.
 u = hash(hash(seed, position), stream << 20 | lane) >> 8, scaled by 2**-24 (exact in float32).
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from dspark_trt.spec import rng as _ref
+from dspark_trt.spec_decode import rng as _ref
 
 GOLDEN: tl.constexpr = tl.constexpr(_ref.GOLDEN)
 M1: tl.constexpr = tl.constexpr(_ref.M1)
@@ -16,7 +16,7 @@ M2: tl.constexpr = tl.constexpr(_ref.M2)
 STREAM_ACCEPT: tl.constexpr = tl.constexpr(_ref.STREAM_ACCEPT)
 STREAM_RESAMPLE: tl.constexpr = tl.constexpr(_ref.STREAM_RESAMPLE)
 STREAM_DRAFT: tl.constexpr = tl.constexpr(_ref.STREAM_DRAFT)
-U_OFFSET: tl.constexpr = tl.constexpr(2.0 ** -25)  # spec.accept._U_OFFSET
+U_OFFSET: tl.constexpr = tl.constexpr(2.0 ** -25)  # spec_decode.accept._U_OFFSET
 
 
 @triton.jit
@@ -33,7 +33,7 @@ def hash_u32(seed, ctr):
 
 @triton.jit
 def uniform(seed, position, stream: tl.constexpr, lane):
-    """float32 uniform in [0, 1) keyed on (seed, position, stream, lane), equal to spec.rng.uniform."""
+    """float32 uniform in [0, 1) keyed on (seed, position, stream, lane), equal to spec_decode.rng.uniform."""
     key = hash_u32(seed.to(tl.uint32), position.to(tl.uint32))
     ctr = lane.to(tl.uint32) + tl.full((), stream * 1048576, tl.uint32)
     h = hash_u32(key, ctr)
@@ -42,6 +42,6 @@ def uniform(seed, position, stream: tl.constexpr, lane):
 
 @triton.jit
 def race_denominator(seed, position, stream: tl.constexpr, lane):
-    """e = -log(u + 2**-25) in float32: the exponential-race divisor of spec.accept.exponential_race."""
+    """e = -log(u + 2**-25) in float32: the exponential-race divisor of spec_decode.accept.exponential_race."""
     u = uniform(seed, position, stream, lane)
     return -tl.log(u + U_OFFSET)

@@ -56,7 +56,7 @@ def section(report: dict[str, Any], name: str, fn: Callable[[], dict[str, Any]])
 
 # ----------------------------------------------------------------------------------------------- parity
 def _accept_inputs(b: int, kmax: int, v: int, dtype: torch.dtype, seed: int, sampled: bool) -> dict[str, Any]:
-    from dspark_trt.spec.accept import target_probs
+    from dspark_trt.spec_decode.accept import target_probs
 
     g = torch.Generator().manual_seed(seed)
     logits = (torch.randn(b, kmax + 1, v, generator=g) * 3).to(dtype)  # [B, K+1, V]
@@ -92,7 +92,7 @@ def shapes(full: list[tuple], small: list[tuple]) -> list[tuple]:
 
 
 def parity_accept() -> dict[str, Any]:
-    from dspark_trt.spec import accept as ref
+    from dspark_trt.spec_decode import accept as ref
     from plugins import api
 
     base = shapes([(1, 0, 49152, torch.bfloat16), (8, 4, 49152, torch.bfloat16), (64, 8, 49152, torch.bfloat16),
@@ -154,8 +154,8 @@ def parity_block_draft() -> dict[str, Any]:
 def parity_dispatch() -> dict[str, Any]:
     """The runtime's dispatch point really takes the kernel path on CUDA."""
     from dspark_trt.runtime import dispatch
-    from dspark_trt.spec import accept as ref
-    from dspark_trt.spec.protocols import SamplingParams
+    from dspark_trt.spec_decode import accept as ref
+    from dspark_trt.spec_decode.protocols import SamplingParams
 
     v = 49152 if not SMOKE else 500
     if not SMOKE:
@@ -341,8 +341,8 @@ def _tiny_pair_loop() -> dict[str, Any]:
     from dspark_trt.runtime.backend import SpecBackend
     from dspark_trt.runtime.drafters.loader import load_drafter
     from dspark_trt.runtime.hf_loader import load_hf_checkpoint
-    from dspark_trt.spec.loop import generate
-    from dspark_trt.spec.scheduler import PolicyConfig
+    from dspark_trt.spec_decode.loop import generate
+    from dspark_trt.spec_decode.scheduler import PolicyConfig
     from dspark_trt.testing.tiny import default_tiny_root, make_tiny_pair
 
     # smoke mode reuses the tests' cached pair; on the GPU host a fresh one is built (~10 s)
@@ -372,8 +372,8 @@ def _spec_loop(target: Any, prompt: int, new: int) -> dict[str, Any]:
     from dspark_trt.runtime.backend import SpecBackend
     from dspark_trt.runtime.drafters.config import DSparkConfig
     from dspark_trt.runtime.drafters.dspark import DSparkDrafter, DSparkModel
-    from dspark_trt.spec.loop import generate
-    from dspark_trt.spec.scheduler import PolicyConfig
+    from dspark_trt.spec_decode.loop import generate
+    from dspark_trt.spec_decode.scheduler import PolicyConfig
 
     c = target.config
     taps = (0, 1) if SMOKE else (1, 10, 19, 28)
@@ -401,7 +401,7 @@ def _spec_loop(target: Any, prompt: int, new: int) -> dict[str, Any]:
 
 
 def _summary(stats: Any) -> str:
-    """τ (committed per target forward) and acceptance from spec.stats.SpecStats, tolerant of its shape."""
+    """τ (committed per target forward) and acceptance from spec_decode.stats.SpecStats, tolerant of its shape."""
     rounds = list(getattr(stats, "rounds", []) or [])
     if not rounds:
         return str(stats)[:200]

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class BuiltPair:
     target: nn.Module  # runtime.model.CausalLM
-    drafter: Any  # spec.protocols.Drafter
+    drafter: Any  # spec_decode.protocols.Drafter
     tokenizer: Any  # transformers tokenizer
     spec: BuildSpec
     manifest: dict[str, Any]

@@ -200,7 +200,7 @@ class BuildPipeline:
         model.attach_target(target.embed_tokens.weight, target.lm_head_weight)
         taps = tuple(model.cfg.target_layer_ids)
         gamma = model.cfg.block_size
-        from dspark_trt.spec.protocols import SamplingParams
+        from dspark_trt.spec_decode.protocols import SamplingParams
 
         def loop(m: torch.nn.Module) -> None:
             drafter = DSparkDrafter(m)

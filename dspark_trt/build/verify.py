@@ -74,7 +74,7 @@ def _dspark_report(ckpt: Path, pair: ValidatedPair, spec: BuildSpec, held: torch
     from dspark_trt.build.artifacts import load_dspark_export
     from dspark_trt.runtime.drafters import load_drafter
     from dspark_trt.runtime.hf_loader import load_hf_checkpoint
-    from dspark_trt.spec.protocols import SamplingParams
+    from dspark_trt.spec_decode.protocols import SamplingParams
 
     target = load_hf_checkpoint(pair.target, dtype=torch.float32)
     ref = load_drafter(pair.draft, target, dtype=torch.float32)

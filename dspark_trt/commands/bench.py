@@ -68,10 +68,10 @@ def machine_stamp() -> dict[str, Any]:
 def profile_cost_table(target: Any, max_tokens: int, context: int = 64, reps: int = 5) -> Any:
     """Measure one target step over n = 1..max_tokens new tokens (batch 1, `context` tokens cached; fastest of reps,
     the least noisy estimate on a shared host)
-    → spec.scheduler.CostTable for the survival policy."""
+    → spec_decode.scheduler.CostTable for the survival policy."""
     import torch
 
-    from dspark_trt.spec.scheduler import CostTable
+    from dspark_trt.spec_decode.scheduler import CostTable
 
     cache = target.new_cache(1, context + max_tokens + 1)
     slot = torch.tensor([0])
@@ -102,8 +102,8 @@ def run(args: argparse.Namespace) -> int:
 
     from dspark_trt.engine import SpeculativeDecodingEngine, to_runtime_model
     from dspark_trt.runtime.hf_loader import load_tokenizer
-    from dspark_trt.spec.protocols import SamplingParams
-    from dspark_trt.spec.scheduler import POLICIES
+    from dspark_trt.spec_decode.protocols import SamplingParams
+    from dspark_trt.spec_decode.scheduler import POLICIES
 
     policies = [p for p in args.policies.split(",") if p]
     bad = [p for p in policies if p not in POLICIES or p == "plain"]

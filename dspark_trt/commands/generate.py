@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from dspark_trt.errors import InvalidArgumentError
-from dspark_trt.spec.loop import LoopConfig
-from dspark_trt.spec.protocols import SamplingParams
-from dspark_trt.spec.scheduler import POLICIES, PolicyConfig
+from dspark_trt.spec_decode.loop import LoopConfig
+from dspark_trt.spec_decode.protocols import SamplingParams
+from dspark_trt.spec_decode.scheduler import POLICIES, PolicyConfig
 
 log = logging.getLogger("dspark_trt.generate")
 

@@ -1,11 +1,11 @@
-"""The runtime's spec.protocols.Backend: a target CausalLM (+ optional drafter) over slot KV caches.
+"""The runtime's spec_decode.protocols.Backend: a target CausalLM (+ optional drafter) over slot KV caches.
 
 Owns: slot allocation (free list), batched ragged prefill, verify passes that tap the drafter's
 target layers and hold their hidden states until commit, commit/rollback of the target cache and
 feeding the drafter its committed context, release, and routing acceptance to runtime.dispatch
-(kernels on CUDA, spec.accept on CPU). Must not know about scheduling policies, Triton or files.
+(kernels on CUDA, spec_decode.accept on CPU). Must not know about scheduling policies, Triton or files.
 
-Invariant per slot (spec.protocols.Backend): the target cache holds every committed token except the
+Invariant per slot (spec_decode.protocols.Backend): the target cache holds every committed token except the
 newest one, which is the next round's anchor. The drafter's context is the same token sequence.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.runtime.model import CausalLM
-from dspark_trt.spec.protocols import DraftBlock, Drafter, SamplingParams
+from dspark_trt.spec_decode.protocols import DraftBlock, Drafter, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ class _Pending:
 
 
 class SpecBackend:
-    """spec.protocols.Backend over a runtime CausalLM target and an optional spec.protocols.Drafter."""
+    """spec_decode.protocols.Backend over a runtime CausalLM target and an optional spec_decode.protocols.Drafter."""
 
     def __init__(self, target: CausalLM, drafter: Drafter | None, max_batch: int, max_seq: int,
                  verify_slack: int | None = None) -> None:
@@ -169,7 +169,7 @@ class SpecBackend:
 
     def accept(self, logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, q: torch.Tensor | None,
                sampling: Sequence[SamplingParams], positions: torch.Tensor | None = None) -> Any:
-        """→ spec.accept.AcceptResult via runtime.dispatch. positions [B] (absolute position of d_1) default to
+        """→ spec_decode.accept.AcceptResult via runtime.dispatch. positions [B] (absolute position of d_1) default to
         the last verify's: its pre-verify cache length + 1 (= committed tokens incl. the prompt)."""
         from dspark_trt.runtime import dispatch  # owned by the kernels engineer; lazy to keep imports light
 

@@ -1,7 +1,7 @@
 """The one dispatch point between the runtime and the kernels.
 
 Owns the routing decision only: CUDA tensors + importable OpenAI Triton → plugins/ kernels;
-anything else → the torch reference (dspark_trt.spec.accept for acceptance; plugins/block_draft/reference.py,
+anything else → the torch reference (dspark_trt.spec_decode.accept for acceptance; plugins/block_draft/reference.py,
 written in the DSpark drafter's own terms, for the Markov block). It holds no algorithm code of its own and
 never imports tensorrt. The reference modules are imported lazily so this file imports before they exist.
 """
@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import torch
 
 from dspark_trt.errors import InvalidArgumentError
-from dspark_trt.spec.protocols import SamplingParams
+from dspark_trt.spec_decode.protocols import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def _result_to(res: Any, device: torch.device) -> Any:
 
 
 def _spec_accept() -> Any:
-    return importlib.import_module("dspark_trt.spec.accept")
+    return importlib.import_module("dspark_trt.spec_decode.accept")
 
 
 def sampling_tensors(
@@ -101,7 +101,7 @@ def accept(
     sampling: Sequence[SamplingParams],
     positions: torch.Tensor | None = None,  # [B] long absolute position of d_1 (RNG key); needed when sampling
 ) -> Any:
-    """Fused acceptance → spec.accept.AcceptResult (greedy_accept / sample_accept semantics).
+    """Fused acceptance → spec_decode.accept.AcceptResult (greedy_accept / sample_accept semantics).
 
     Greedy when every request is greedy. Sampled batches need `positions` (= committed length incl. prompt,
     the absolute position of d_1). Kernels on CUDA; the torch reference on CPU, and on CUDA for top_p < 1
@@ -123,7 +123,7 @@ def accept(
         temperature, top_p, seeds = sampling_tensors(sampling, dev)
         assert positions is not None
         return api.sample_accept(logits, draft, _on(q, dev), k, temperature, top_p, seeds, positions.to(dev))
-    # torch reference (spec.accept is written for one device: run it on CPU, hand results back on `dev`)
+    # torch reference (spec_decode.accept is written for one device: run it on CPU, hand results back on `dev`)
     cpu = torch.device("cpu")
     ref = _spec_accept()
     if greedy:

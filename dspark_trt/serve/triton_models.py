@@ -309,7 +309,7 @@ class DraftModel(_OnePass):
     def _run(self, request: Any, slots: list[int], prompts: list[list[int]]) -> Any:
         import torch  # noqa: PLC0415
 
-        from dspark_trt.spec.protocols import SamplingParams  # noqa: PLC0415
+        from dspark_trt.spec_decode.protocols import SamplingParams  # noqa: PLC0415
 
         g = single({"gamma": self._get(request, "gamma")}, "gamma")
         gamma = self.cfg.gamma if g is None else int(g)

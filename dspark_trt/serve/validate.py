@@ -16,7 +16,7 @@ import numpy as np
 
 from dspark_trt.errors import InvalidArgumentError, RequestError
 
-# spec.scheduler.POLICIES, repeated so tokenizer-only models (pre/postprocessing) need not import torch;
+# spec_decode.scheduler.POLICIES, repeated so tokenizer-only models (pre/postprocessing) need not import torch;
 # tests/serve/test_text_validate.py checks they agree.
 POLICIES = ("plain", "fixed", "seed", "survival")
 
@@ -186,9 +186,9 @@ def parse_generation(inputs: Mapping[str, np.ndarray | None], prompt_len: int, l
                             stop_sequences=stop_sequences)
 
 
-def policy_config(params: GenerationParams):  # noqa: ANN201 - dspark_trt.spec.scheduler.PolicyConfig
+def policy_config(params: GenerationParams):  # noqa: ANN201 - dspark_trt.spec_decode.scheduler.PolicyConfig
     """The loop's PolicyConfig for a request (fixed verifies max_k every round)."""
-    from dspark_trt.spec.scheduler import PolicyConfig  # noqa: PLC0415 - torch only where the loop runs
+    from dspark_trt.spec_decode.scheduler import PolicyConfig  # noqa: PLC0415 - torch only where the loop runs
 
     try:
         return PolicyConfig(policy=params.policy, k=params.max_k, min_k=params.min_k, max_k=params.max_k)
@@ -197,9 +197,9 @@ def policy_config(params: GenerationParams):  # noqa: ANN201 - dspark_trt.spec.s
 
 
 def to_loop_request(prompt_ids: tuple[int, ...], params: GenerationParams, eos_ids: tuple[int, ...]):  # noqa: ANN201
-    """→ dspark_trt.spec.loop.Request (end_id, when given, replaces the model's eos ids)."""
-    from dspark_trt.spec.loop import Request  # noqa: PLC0415
-    from dspark_trt.spec.protocols import SamplingParams  # noqa: PLC0415
+    """→ dspark_trt.spec_decode.loop.Request (end_id, when given, replaces the model's eos ids)."""
+    from dspark_trt.spec_decode.loop import Request  # noqa: PLC0415
+    from dspark_trt.spec_decode.protocols import SamplingParams  # noqa: PLC0415
 
     eos = (params.end_id,) if params.end_id is not None else tuple(eos_ids)
     try:

@@ -2,7 +2,7 @@
 
 Mechanism (chosen from shared/research/triton-on-cpu.md, measured with 16 streaming clients): the decoupled
 `dspark` model's execute() only validates a request and hands it, with its response sender, to this worker; a
-single background thread runs spec.loop.RoundScheduler — admit waiting requests (batched prefill) → ONE
+single background thread runs spec_decode.loop.RoundScheduler — admit waiting requests (batched prefill) → ONE
 batched draft pass → K per request → ONE batched target verify pass → accept → commit — and streams each
 request's committed tokens after every round. Requests join and leave between rounds. The draft and target
 models execute in process, next to their KV caches: a central loop with in-process models gave the largest
@@ -31,7 +31,7 @@ from dspark_trt.errors import DrafterError
 from dspark_trt.serve.metrics import ServeMetrics
 from dspark_trt.serve.text import CONTEXT_TOKENS
 from dspark_trt.serve.validate import GenerationParams, to_loop_request
-from dspark_trt.spec.loop import RoundEvent, RoundScheduler
+from dspark_trt.spec_decode.loop import RoundEvent, RoundScheduler
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class GatedRoundScheduler(RoundScheduler):
 
 
 class TimedBackend:
-    """A spec.protocols.Backend wrapper: times draft/verify passes, counts drafter failures, injects faults."""
+    """A spec_decode.protocols.Backend wrapper: times draft/verify passes, counts drafter failures, injects faults."""
 
     def __init__(self, inner: Any, metrics: ServeMetrics, faults: str = "") -> None:
         self._inner = inner

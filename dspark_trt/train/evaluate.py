@@ -1,4 +1,4 @@
-"""Honest drafter measurement in the real draft-and-verify loop (spec.loop + runtime.backend.SpecBackend).
+"""Honest drafter measurement in the real draft-and-verify loop (spec_decode.loop + runtime.backend.SpecBackend).
 
 Owns: running held-out prompts (train.prompts.HELD_OUT_PROMPTS, never trained on) greedily at fixed K = γ,
 checking the output equals plain greedy decoding (lossless), and reporting τ, acceptance per position,
@@ -15,10 +15,10 @@ from typing import Any, Sequence
 
 import torch
 
-from dspark_trt.spec.loop import LoopConfig, generate
-from dspark_trt.spec.protocols import SamplingParams
-from dspark_trt.spec.scheduler import PolicyConfig
-from dspark_trt.spec.stats import SpecStats
+from dspark_trt.spec_decode.loop import LoopConfig, generate
+from dspark_trt.spec_decode.protocols import SamplingParams
+from dspark_trt.spec_decode.scheduler import PolicyConfig
+from dspark_trt.spec_decode.stats import SpecStats
 
 log = logging.getLogger(__name__)
 

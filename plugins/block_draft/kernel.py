@@ -21,7 +21,7 @@ BIG_IDX: tl.constexpr = tl.constexpr(2147483647)
 @triton.jit
 def write_q_and_race(qrow, V, m, s, am, sampled, seed, pos, offs_v, BLOCK_V: tl.constexpr):
     """One block position's q over V tiles (softmax from the running max m and sum s; one-hot at argmax am when
-    greedy), stored into qrow, and the exponential-race pick on spec.rng's STREAM_DRAFT. Returns the race winner."""
+    greedy), stored into qrow, and the exponential-race pick on spec_decode.rng's STREAM_DRAFT. Returns the race winner."""
     best = tl.full((), -1.0, tl.float32)
     arg = tl.full((), 0, tl.int32)
     for v0 in range(0, V, BLOCK_V):

@@ -5,12 +5,12 @@ DSparkDrafter.propose): with x_0 = anchor (a target id) and, for k = 1..γ,
     w1x    = W1[x_{k-1}]                          # markov_w1.weight [Vt, r] (nn.Embedding), param dtype
     bias   = F.linear(w1x, W2).float()            # markov_w2.weight [Vd, r] (nn.Linear): rounded to param dtype
     logits = U_k + bias                           # [B, Vd] float32
-    q_k    = spec.accept.target_probs(logits, T, top_p)           (one-hot argmax for T ≤ 0)
+    q_k    = spec_decode.accept.target_probs(logits, T, top_p)           (one-hot argmax for T ≤ 0)
     i_k    = argmax(logits) (T ≤ 0) or the exponential race over q_k on STREAM_DRAFT:
              u_v = rng.uniform(seed, position_k, STREAM_DRAFT, lane=v), argmax_v q_v / -log(u_v + 2**-25)
     x_k    = d2t[i_k]                             # draft-vocab id → target id (identity without a reduced vocab)
     c_k    = sigmoid((conf_bias_k + w1x·w_conf) / conf_temp_k)    (optional; conf_bias_k = w_h·h_k + b)
-position_k = positions + k - 1 (positions = absolute position of d_1, as in spec.accept.sample_accept).
+position_k = positions + k - 1 (positions = absolute position of d_1, as in spec_decode.accept.sample_accept).
 The drafter samples with torch.multinomial today; kernels need the counter-based race above (docs/plugins.md).
 Pure torch; no triton.
 """
@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from dspark_trt.errors import InvalidArgumentError
-from dspark_trt.spec import rng
-from dspark_trt.spec.accept import target_probs
+from dspark_trt.spec_decode import rng
+from dspark_trt.spec_decode.accept import target_probs
 
 _U_OFFSET = 2.0 ** -25
 

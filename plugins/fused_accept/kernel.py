@@ -8,10 +8,10 @@ Owns two kernels, the launch order and the partial-statistics layout between the
    Splitting V over S programs keeps small batches bandwidth-bound.
 2. `accept_finalize_kernel`, grid (B,): merges the S partials of each position (top-1 probability, top-1 − top-2
    margin, argmax), runs the acceptance chain (greedy: d_j == argmax; sampled: u·q(d) < p(d)), and for sampled rows
-   draws the committed token by the exponential race of spec.accept over the one committed row (residual
+   draws the committed token by the exponential race of spec_decode.accept over the one committed row (residual
    max(0, p − q) at a rejection, p for the bonus). Greedy rows never re-read logits.
 
-Semantics are spec.accept.greedy_accept / sample_accept (top_p = 1; the launcher routes top-p < 1 elsewhere).
+Semantics are spec_decode.accept.greedy_accept / sample_accept (top_p = 1; the launcher routes top-p < 1 elsewhere).
 Knows nothing of torch. Parameter order follows the TensorRT QDP AOT ABI: input pointers, then int32 scalars,
 then output pointers, then constexprs (plugins/fused_accept/trt.py compiles these very functions).
 """

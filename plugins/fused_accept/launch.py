@@ -1,7 +1,7 @@
 """Torch launchers for the fused acceptance kernels (CUDA, or CPU under TRITON_INTERPRET=1).
 
 Owns argument checking, the split heuristic (how many programs share one logits row), the workspace and the
-two launches; returns dspark_trt.spec.accept.AcceptResult so callers cannot tell it from the reference.
+two launches; returns dspark_trt.spec_decode.accept.AcceptResult so callers cannot tell it from the reference.
 Top-p < 1 needs a sort over V and is not fused: `supports_sampling` tells the dispatcher to use the reference.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 import triton
 
 from dspark_trt.errors import InvalidArgumentError
-from dspark_trt.spec.accept import AcceptResult
+from dspark_trt.spec_decode.accept import AcceptResult
 from plugins.fused_accept.kernel import accept_finalize_kernel, accept_stats_kernel
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ def greedy_accept(
     draft: torch.Tensor,  # [B, K] long
     k: torch.Tensor,  # [B] long
 ) -> AcceptResult:
-    """Kernel twin of spec.accept.greedy_accept."""
+    """Kernel twin of spec_decode.accept.greedy_accept."""
     b = logits.shape[0]
     zeros_f = torch.zeros(b, dtype=torch.float32, device=logits.device)
     zeros_i = torch.zeros(b, dtype=torch.int64, device=logits.device)
@@ -132,9 +132,9 @@ def sample_accept(
     seeds: torch.Tensor,  # [B] long
     positions: torch.Tensor,  # [B] long absolute position of d_1
 ) -> AcceptResult:
-    """Kernel twin of spec.accept.sample_accept for top_p = 1 (greedy rows inside the batch are fine)."""
+    """Kernel twin of spec_decode.accept.sample_accept for top_p = 1 (greedy rows inside the batch are fine)."""
     if not supports_sampling(top_p):
-        raise InvalidArgumentError("fused sample_accept supports top_p = 1 only; use spec.accept.sample_accept")
+        raise InvalidArgumentError("fused sample_accept supports top_p = 1 only; use spec_decode.accept.sample_accept")
     b, kp1, v = _check(logits, draft, k)
     if bool((temperature > 0).any()) and (q is None or q.shape != (b, kp1 - 1, v)):
         raise InvalidArgumentError(

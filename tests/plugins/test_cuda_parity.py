@@ -1,4 +1,4 @@
-"""GPU-only: the OpenAI Triton fused-acceptance kernel on CUDA equals the torch reference (dspark_trt.spec.accept).
+"""GPU-only: the OpenAI Triton fused-acceptance kernel on CUDA equals the torch reference (dspark_trt.spec_decode.accept).
 
 Skipped on CPU-only machines (CI here); scripts/gpu_check.sh runs the wider parity + bandwidth sweep on an H200.
 """
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dspark_trt.spec import accept as ref
-from dspark_trt.spec.protocols import SamplingParams
+from dspark_trt.spec_decode import accept as ref
+from dspark_trt.spec_decode.protocols import SamplingParams
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none on this machine)")]

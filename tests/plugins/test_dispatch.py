@@ -6,8 +6,8 @@ import torch
 
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.runtime import dispatch
-from dspark_trt.spec import accept as ref
-from dspark_trt.spec.protocols import SamplingParams
+from dspark_trt.spec_decode import accept as ref
+from dspark_trt.spec_decode.protocols import SamplingParams
 
 
 def _batch(b: int = 2, kmax: int = 3, v: int = 64) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""fused_accept kernels (Triton interpreter on CPU) against spec.accept, the torch oracle.
+"""fused_accept kernels (Triton interpreter on CPU) against spec_decode.accept, the torch oracle.
 
 Exact accepted lengths and tokens; top-1 / margin within float32 tolerance. Shapes cover V below, at and above
 the tile (2048) and several splits, K = 0, K = γ, all-accepted and first-rejected rows, bf16 and fp32 logits,
@@ -11,8 +11,8 @@ from types import ModuleType
 import pytest
 import torch
 
-from dspark_trt.spec import accept as ref
-from dspark_trt.spec.accept import AcceptResult
+from dspark_trt.spec_decode import accept as ref
+from dspark_trt.spec_decode.accept import AcceptResult
 
 ATOL = 2e-6
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::RuntimeWarning")
@@ -150,7 +150,7 @@ def test_top_p_is_rejected(interpreted_kernels: ModuleType) -> None:
 @pytest.mark.parametrize("eps", [1e-3, -1e-3])
 def test_sampling_acceptance_boundary(interpreted_kernels: ModuleType, eps: float) -> None:
     """q(d) set 0.1 % above / below p(d)/u: the kernel must reject / accept exactly like the reference."""
-    from dspark_trt.spec import rng
+    from dspark_trt.spec_decode import rng
 
     b, v = 8, 300
     g = torch.Generator().manual_seed(11)

@@ -11,7 +11,7 @@ from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.runtime.backend import SlotAllocator, SpecBackend
 from dspark_trt.runtime.hf_loader import load_hf_checkpoint
 from dspark_trt.runtime.model import CausalLM, greedy_decode
-from dspark_trt.spec.protocols import DraftBlock, SamplingParams
+from dspark_trt.spec_decode.protocols import DraftBlock, SamplingParams
 
 GREEDY = SamplingParams()
 PROMPTS = [[5, 17, 99, 200, 3, 41, 7], [300, 12], [8, 9, 10, 11]]
@@ -68,8 +68,8 @@ def test_verify_rows_with_different_k_and_rollback(target: CausalLM) -> None:
 
 def test_speculative_loop_with_lm_drafter_is_lossless(tiny_pair, target: CausalLM) -> None:
     from dspark_trt.runtime.drafters import load_drafter
-    from dspark_trt.spec.loop import generate
-    from dspark_trt.spec.scheduler import PolicyConfig
+    from dspark_trt.spec_decode.loop import generate
+    from dspark_trt.spec_decode.scheduler import PolicyConfig
 
     drafter = load_drafter(tiny_pair.draft, target, dtype=torch.float32)
     be = SpecBackend(target, drafter, max_batch=2, max_seq=96)
@@ -132,8 +132,8 @@ class FeatureProbeDrafter:
 
 
 def test_backend_feeds_drafter_committed_tokens_and_target_features(target: CausalLM) -> None:
-    from dspark_trt.spec.loop import LoopConfig, Request, RoundScheduler
-    from dspark_trt.spec.scheduler import PolicyConfig
+    from dspark_trt.spec_decode.loop import LoopConfig, Request, RoundScheduler
+    from dspark_trt.spec_decode.scheduler import PolicyConfig
 
     probe = FeatureProbeDrafter(target, taps=(1, 0))
     be = SpecBackend(target, probe, max_batch=2, max_seq=64)
@@ -192,8 +192,8 @@ def test_backend_errors(target: CausalLM) -> None:
 def test_speculative_loop_with_dspark_drafter_is_lossless(target: CausalLM, policy: str) -> None:
     """A (random-init) DSpark drafter consumes the target's tapped features; output stays the target's greedy."""
     from dspark_trt.runtime.drafters import DSparkConfig, DSparkDrafter, DSparkModel
-    from dspark_trt.spec.loop import LoopConfig, generate
-    from dspark_trt.spec.scheduler import PolicyConfig
+    from dspark_trt.spec_decode.loop import LoopConfig, generate
+    from dspark_trt.spec_decode.scheduler import PolicyConfig
 
     c = target.config
     cfg = DSparkConfig(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_attention_heads=4,

@@ -71,8 +71,8 @@ class Reference:
         return encode_prompt(self.pair.tokenizer, prompt, False, MAX_SEQ_LEN)
 
     def __call__(self, prompt: str, max_tokens: int) -> list[int]:
-        from dspark_trt.spec.loop import LoopConfig, generate
-        from dspark_trt.spec.scheduler import PolicyConfig
+        from dspark_trt.spec_decode.loop import LoopConfig, generate
+        from dspark_trt.spec_decode.scheduler import PolicyConfig
 
         key = (prompt, max_tokens)
         with self.lock:

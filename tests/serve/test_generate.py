@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from dspark_trt.serve.client import generate_remote
-from dspark_trt.spec.scheduler import POLICIES
+from dspark_trt.spec_decode.scheduler import POLICIES
 
 pytestmark = pytest.mark.triton
 
@@ -119,9 +119,9 @@ def test_seeded_sampling_plain_equals_in_process(server, reference, protocol: st
     """Sampling is keyed on (seed, position), so the served plain-policy sample equals the in-process one.
     (Speculative policies are lossless in distribution; their per-seed reproducibility depends on the drafter's
     RNG, see docs/serving.md.)"""
-    from dspark_trt.spec.loop import LoopConfig, generate
-    from dspark_trt.spec.protocols import SamplingParams
-    from dspark_trt.spec.scheduler import PolicyConfig
+    from dspark_trt.spec_decode.loop import LoopConfig, generate
+    from dspark_trt.spec_decode.protocols import SamplingParams
+    from dspark_trt.spec_decode.scheduler import PolicyConfig
 
     from .conftest import GAMMA
 

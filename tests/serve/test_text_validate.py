@@ -96,6 +96,6 @@ def test_streamed_deltas_concatenate_to_full_text(tok, text: str, chunk: int) ->
 
 def test_policies_match_spec() -> None:
     from dspark_trt.serve import validate
-    from dspark_trt.spec.scheduler import POLICIES
+    from dspark_trt.spec_decode.scheduler import POLICIES
 
     assert validate.POLICIES == POLICIES

@@ -12,7 +12,7 @@ import pytest
 from dspark_trt.serve.metrics import ServeMetrics
 from dspark_trt.serve.validate import GenerationParams
 from dspark_trt.serve.worker import GatedRoundScheduler, InflightBatcher, Job, TimedBackend
-from dspark_trt.spec.loop import LoopConfig
+from dspark_trt.spec_decode.loop import LoopConfig
 
 from .conftest import GAMMA, MAX_SEQ_LEN
 

@@ -10,7 +10,7 @@ import torch
 from dspark_trt.errors import DrafterError, VocabularyMismatchError
 from dspark_trt.runtime.drafters import (DSparkDrafter, VocabInfo, check_same_vocabulary, load_drafter,
                                          load_dspark_model, save_dspark)
-from dspark_trt.spec.protocols import SamplingParams
+from dspark_trt.spec_decode.protocols import SamplingParams
 
 from .conftest import make_model
 

@@ -11,7 +11,7 @@ import torch
 from dspark_trt.errors import VocabularyMismatchError
 from dspark_trt.runtime.drafters import LMDrafter, load_drafter
 from dspark_trt.runtime.hf_loader import load_hf_checkpoint
-from dspark_trt.spec.protocols import SamplingParams
+from dspark_trt.spec_decode.protocols import SamplingParams
 
 GREEDY = SamplingParams()
 

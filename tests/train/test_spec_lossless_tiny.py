@@ -1,4 +1,4 @@
-"""A DSpark drafter in the real spec loop (SpecBackend + spec.loop) on the tiny target: output is lossless."""
+"""A DSpark drafter in the real spec loop (SpecBackend + spec_decode.loop) on the tiny target: output is lossless."""
 from __future__ import annotations
 
 import torch

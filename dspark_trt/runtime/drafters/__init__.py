@@ -1,4 +1,4 @@
-"""Drafters behind spec.protocols.Drafter: the DSpark block drafter and plain/PARD LM drafters.
+"""Drafters behind spec_decode.protocols.Drafter: the DSpark block drafter and plain/PARD LM drafters.
 
 Public API: load_drafter, default_drafter_dir, check_same_vocabulary, DSparkDrafter, DSparkModel,
 DSparkConfig, LMDrafter, save_dspark, load_dspark_model.

@@ -20,7 +20,7 @@ from dspark_trt.errors import DrafterError
 from dspark_trt.runtime.drafters.config import DSparkConfig
 from dspark_trt.runtime.drafters.layers import DSparkLayer, RMSNorm
 from dspark_trt.runtime.drafters.sampling import pick_tokens
-from dspark_trt.spec.protocols import DraftBlock, SamplingParams
+from dspark_trt.spec_decode.protocols import DraftBlock, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class DSparkModel(nn.Module):
 
 
 class DSparkDrafter:
-    """spec.protocols.Drafter over a DSparkModel with per-slot context KV caches."""
+    """spec_decode.protocols.Drafter over a DSparkModel with per-slot context KV caches."""
 
     def __init__(self, model: DSparkModel) -> None:
         self.model = model.eval()

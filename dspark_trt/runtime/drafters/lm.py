@@ -13,11 +13,11 @@ import torch
 
 from dspark_trt.errors import DrafterError
 from dspark_trt.runtime.drafters.sampling import pick_tokens
-from dspark_trt.spec.protocols import DraftBlock, SamplingParams
+from dspark_trt.spec_decode.protocols import DraftBlock, SamplingParams
 
 
 class LMDrafter:
-    """spec.protocols.Drafter over a runtime CausalLM (autoregressive or PARD one-pass)."""
+    """spec_decode.protocols.Drafter over a runtime CausalLM (autoregressive or PARD one-pass)."""
 
     target_layer_ids: tuple[int, ...] = ()
 

@@ -9,7 +9,7 @@ from typing import Sequence
 
 import torch
 
-from dspark_trt.spec.protocols import SamplingParams
+from dspark_trt.spec_decode.protocols import SamplingParams
 
 
 def top_p_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:

@@ -9,9 +9,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from dspark_trt.spec.loop import LoopConfig, generate
-from dspark_trt.spec.protocols import SamplingParams
-from dspark_trt.spec.scheduler import PolicyConfig
+from dspark_trt.spec_decode.loop import LoopConfig, generate
+from dspark_trt.spec_decode.protocols import SamplingParams
+from dspark_trt.spec_decode.scheduler import PolicyConfig
 
 backend_mod = pytest.importorskip("dspark_trt.runtime.backend", reason="runtime backend not landed yet")
 
@@ -146,7 +146,7 @@ def test_default_target_lossless(default_target_dir: Path) -> None:
                         config=LoopConfig(gamma=int(drafter.gamma)))
         plain = generate(_backend(target, None, 1, 256), ids, 24, policy=PolicyConfig(policy="plain"))
         assert spec.tokens == plain.tokens, text
-        accepted += spec.stats.accepted_tokens
+        accepted += spec_decode.stats.accepted_tokens
     assert accepted > 0
 
 

@@ -2,7 +2,7 @@
 
 RefBackend recomputes every forward from the full token history (no KV cache), so it is a test oracle for
 the loop, independent of the runtime package. The drafter is an autoregressive HF LM: greedy or sampled at
-the request's temperature/top-p (spec.accept.target_probs) with spec.rng's STREAM_DRAFT uniforms; its
+the request's temperature/top-p (spec_decode.accept.target_probs) with spec_decode.rng's STREAM_DRAFT uniforms; its
 confidence c_k is its own top-1 probability.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ from typing import Callable, Iterator, Sequence
 import pytest
 import torch
 
-from dspark_trt.spec import rng
-from dspark_trt.spec.accept import AcceptResult, greedy_accept, sample_accept, target_probs
-from dspark_trt.spec.protocols import DraftBlock, SamplingParams
+from dspark_trt.spec_decode import rng
+from dspark_trt.spec_decode.accept import AcceptResult, greedy_accept, sample_accept, target_probs
+from dspark_trt.spec_decode.protocols import DraftBlock, SamplingParams
 
 
 @contextlib.contextmanager
@@ -31,7 +31,7 @@ def one_thread() -> Iterator[None]:
 
 
 class RefBackend:
-    """spec.protocols.Backend over HF models, full recompute per call."""
+    """spec_decode.protocols.Backend over HF models, full recompute per call."""
 
     def __init__(self, target: torch.nn.Module, draft: torch.nn.Module | None, max_batch: int = 4,
                  max_seq: int = 512, fail_draft: Callable[[int], bool] | None = None) -> None:

@@ -1,4 +1,4 @@
-"""spec.confidence / spec.scheduler / spec.stats: one test per seed-policy rule, survival Alg. 1, cost table."""
+"""spec_decode.confidence / spec_decode.scheduler / spec_decode.stats: one test per seed-policy rule, survival Alg. 1, cost table."""
 from __future__ import annotations
 
 import json
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from dspark_trt.errors import InvalidArgumentError
-from dspark_trt.spec.confidence import SeedWeights, early_stop_k, ema_update, seed_confidence, survival
-from dspark_trt.spec.scheduler import CostTable, PolicyConfig, PolicyState, observe, plan_survival, schedule_batch, seed_next_k
-from dspark_trt.spec.stats import RoundRecord, SpecStats
+from dspark_trt.spec_decode.confidence import SeedWeights, early_stop_k, ema_update, seed_confidence, survival
+from dspark_trt.spec_decode.scheduler import CostTable, PolicyConfig, PolicyState, observe, plan_survival, schedule_batch, seed_next_k
+from dspark_trt.spec_decode.stats import RoundRecord, SpecStats
 
 SEED = PolicyConfig(policy="seed")  # defaults min_k 2, max_k 8, low 0.3, high 0.7
 

@@ -1,4 +1,4 @@
-"""The speculative loop: requests in, committed tokens out, one round at a time, over a spec.protocols.Backend.
+"""The speculative loop: requests in, committed tokens out, one round at a time, over a spec_decode.protocols.Backend.
 
 Owns request admission (batched prefill), the round (draft → pick K per request → verify → accept → commit),
 stop conditions (eos, max_new_tokens, stop sequences: nothing is emitted past them), cancellation, the drafter
@@ -7,7 +7,7 @@ statistics. Lossless: every committed token is the target's own greedy choice (o
 Knows nothing of model code, KV-cache layout, Triton or tritonclient: only the Backend protocol.
 
 Positions: a request with n committed tokens (prompt + generated) has its anchor at position n − 1; d_1 sits at
-position n, which is the `positions` RNG key of spec.accept.sample_accept and the first-token sample.
+position n, which is the `positions` RNG key of spec_decode.accept.sample_accept and the first-token sample.
 """
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ from typing import Sequence
 import torch
 
 from dspark_trt.errors import InvalidArgumentError
-from dspark_trt.spec import accept as spec_accept
-from dspark_trt.spec.accept import AcceptResult
-from dspark_trt.spec.protocols import Backend, DraftBlock, SamplingParams
-from dspark_trt.spec.scheduler import CostTable, PolicyConfig, PolicyState, observe, schedule_batch
-from dspark_trt.spec.stats import RoundRecord, SpecStats
+from dspark_trt.spec_decode import accept as spec_accept
+from dspark_trt.spec_decode.accept import AcceptResult
+from dspark_trt.spec_decode.protocols import Backend, DraftBlock, SamplingParams
+from dspark_trt.spec_decode.scheduler import CostTable, PolicyConfig, PolicyState, observe, schedule_batch
+from dspark_trt.spec_decode.stats import RoundRecord, SpecStats
 
 log = logging.getLogger(__name__)
 

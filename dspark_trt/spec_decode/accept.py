@@ -14,7 +14,7 @@ the token after d_j (position 0 predicts d_1). Positions j > k[b] of row b are i
 Conventions every implementation follows:
 - argmax ties resolve to the LOWEST vocabulary index (torch.argmax's rule).
 - top1 / margin at ignored positions (j > k[b]) are 0.
-- Sampling randomness comes only from `dspark_trt.spec.rng.uniform` (see `sample_accept`).
+- Sampling randomness comes only from `dspark_trt.spec_decode.rng.uniform` (see `sample_accept`).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from dspark_trt.errors import InvalidArgumentError
-from dspark_trt.spec import rng
+from dspark_trt.spec_decode import rng
 
 __all__ = ["AcceptResult", "greedy_accept", "sample_accept", "target_probs", "top_signals"]
 

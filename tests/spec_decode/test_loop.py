@@ -1,4 +1,4 @@
-"""spec.loop over a reference backend on the tiny pair: lossless greedy, stops, cancel, fallback, sampling."""
+"""spec_decode.loop over a reference backend on the tiny pair: lossless greedy, stops, cancel, fallback, sampling."""
 from __future__ import annotations
 
 import pytest
@@ -7,9 +7,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from scipy import stats as sstats
 
 from dspark_trt.errors import InvalidArgumentError
-from dspark_trt.spec.loop import LoopConfig, Request, RoundScheduler, generate
-from dspark_trt.spec.protocols import SamplingParams
-from dspark_trt.spec.scheduler import PolicyConfig
+from dspark_trt.spec_decode.loop import LoopConfig, Request, RoundScheduler, generate
+from dspark_trt.spec_decode.protocols import SamplingParams
+from dspark_trt.spec_decode.scheduler import PolicyConfig
 
 POLICY = st.sampled_from(["plain", "fixed", "seed", "survival"])
 PROMPT = st.lists(st.integers(4, 511), min_size=1, max_size=12)

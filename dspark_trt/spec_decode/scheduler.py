@@ -25,7 +25,7 @@ from typing import Sequence
 import torch
 
 from dspark_trt.errors import InvalidArgumentError
-from dspark_trt.spec.confidence import (SeedWeights, early_stop_k, ema_update, fallback_survival, round_signals,
+from dspark_trt.spec_decode.confidence import (SeedWeights, early_stop_k, ema_update, fallback_survival, round_signals,
                                         seed_confidence, survival)
 
 __all__ = ["POLICIES", "PolicyConfig", "PolicyState", "CostTable", "plan_survival", "schedule_batch",

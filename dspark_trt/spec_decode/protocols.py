@@ -1,4 +1,4 @@
-"""Contracts between the algorithm (dspark_trt.spec) and whatever executes models.
+"""Contracts between the algorithm (dspark_trt.spec_decode) and whatever executes models.
 
 spec/ owns these types; runtime/ implements them. Nothing here imports torch model code,
 Triton or tritonclient. Shapes: B requests in a round, γ block size, K ≤ γ verify length,
@@ -97,8 +97,8 @@ class Backend(Protocol):
         k: torch.Tensor,  # [B] long: per-request verify length
         q: torch.Tensor | None,  # [B, K, V] draft distributions (sampling) or None (greedy)
         sampling: Sequence[SamplingParams],
-    ) -> "AcceptResult":  # noqa: F821 - defined in dspark_trt.spec.accept
-        """Fused acceptance (kernels on CUDA, dspark_trt.spec.accept on CPU) → AcceptResult."""
+    ) -> "AcceptResult":  # noqa: F821 - defined in dspark_trt.spec_decode.accept
+        """Fused acceptance (kernels on CUDA, dspark_trt.spec_decode.accept on CPU) → AcceptResult."""
 
     def release(self, slot: int) -> None:
         """Free a slot (finished or cancelled request)."""

@@ -1,4 +1,4 @@
-"""spec.accept: greedy acceptance, exact rejection sampling, the serving distribution."""
+"""spec_decode.accept: greedy acceptance, exact rejection sampling, the serving distribution."""
 from __future__ import annotations
 
 import pytest
@@ -7,8 +7,8 @@ from hypothesis import given, settings, strategies as st
 from scipy import stats as sstats
 
 from dspark_trt.errors import InvalidArgumentError
-from dspark_trt.spec import rng
-from dspark_trt.spec.accept import exponential_race, greedy_accept, sample_accept, target_probs
+from dspark_trt.spec_decode import rng
+from dspark_trt.spec_decode.accept import exponential_race, greedy_accept, sample_accept, target_probs
 
 
 def _chi_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
