@@ -1,6 +1,6 @@
 """Load what `dspark-trt build` produced, in process: `load_built_pair(build_dir) -> BuiltPair`.
 
-Owns: reading build/NAME/manifest.json (the BuildSpec), the target's exported TRT-LLM checkpoint into the
+Owns: reading build/NAME/manifest.json (the BuildOptions), the target's exported TRT-LLM checkpoint into the
 runtime CausalLM (runtime.trtllm_checkpoint), the draft's exported checkpoint into a Drafter (an LMDrafter
 over a CausalLM, or a DSparkDrafter rebuilt from the "DSparkDrafter" checkpoint with quantized linears
 swapped in), and the tokenizer copied into build/NAME/tokenizer. Must not run any build stage.
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dspark_trt.build.spec import BuildSpec
+from dspark_trt.builder.options import BuildOptions
 from dspark_trt.errors import BuildError, CheckpointError
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ class BuiltPair:
     target: nn.Module  # runtime.model.CausalLM
     drafter: Any  # spec_decode.protocols.Drafter
     tokenizer: Any  # transformers tokenizer
-    spec: BuildSpec
+    options: BuildOptions
     manifest: dict[str, Any]
 
 
@@ -84,37 +84,37 @@ def load_dspark_export(ckpt: Path, target: nn.Module, dtype: torch.dtype, device
     return DSparkDrafter(model)
 
 
-def _lm_drafter(ckpt: Path, spec: BuildSpec, dtype: torch.dtype, device: torch.device | str) -> Any:
+def _lm_drafter(ckpt: Path, opts: BuildOptions, dtype: torch.dtype, device: torch.device | str) -> Any:
     from dspark_trt.runtime.drafters import LMDrafter
     from dspark_trt.runtime.trtllm_checkpoint import load_trtllm_checkpoint
 
     cfg = json.loads((ckpt / "config.json").read_text())
     hf = (cfg.get("dspark") or {}).get("hf_config") or {}
     lm = load_trtllm_checkpoint(ckpt, dtype=dtype, device=device)
-    return LMDrafter(lm, gamma=spec.gamma, pard=bool(hf.get("pard", False)), mask_token_id=hf.get("mask_token_id"))
+    return LMDrafter(lm, gamma=opts.gamma, pard=bool(hf.get("pard", False)), mask_token_id=hf.get("mask_token_id"))
 
 
 def load_built_pair(build_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None) -> BuiltPair:
-    """Target CausalLM + Drafter + tokenizer + BuildSpec of a finished build (runs in the reference runtime)."""
+    """Target CausalLM + Drafter + tokenizer + BuildOptions of a finished build (runs in the reference runtime)."""
     from transformers import AutoTokenizer
 
     from dspark_trt.runtime.trtllm_checkpoint import STR_DTYPES, load_trtllm_checkpoint
 
     build_dir = Path(build_dir)
     manifest = read_manifest(build_dir)
-    spec = BuildSpec.from_dict(manifest.get("spec") or {})
+    opts = BuildOptions.from_dict(manifest.get("options") or manifest.get("spec") or {})  # older manifests: "spec"
     tckpt, dckpt = build_dir / "target" / "checkpoint", build_dir / "draft" / "checkpoint"
     for p in (tckpt, dckpt, build_dir / "tokenizer"):
         if not p.is_dir():
             raise BuildError(f"{p} is missing: the build in {build_dir} is incomplete; rerun `dspark-trt build --output "
                              f"{build_dir}`.")
-    dt = dtype or STR_DTYPES[spec.dtype]
+    dt = dtype or STR_DTYPES[opts.dtype]
     target = load_trtllm_checkpoint(tckpt, dtype=dt, device=device)
     dcfg = json.loads((dckpt / "config.json").read_text())
     if dcfg.get("architecture") == "DSparkDrafter":
         drafter = load_dspark_export(dckpt, target, dt, device)
     else:
-        drafter = _lm_drafter(dckpt, spec, dt, device)
+        drafter = _lm_drafter(dckpt, opts, dt, device)
     tok = AutoTokenizer.from_pretrained(str(build_dir / "tokenizer"))
-    log.info("loaded built pair from %s (quant %s, γ=%d)", build_dir, spec.quant, spec.gamma)
-    return BuiltPair(target, drafter, tok, spec, manifest)
+    log.info("loaded built pair from %s (quant %s, γ=%d)", build_dir, opts.quant, opts.gamma)
+    return BuiltPair(target, drafter, tok, opts, manifest)

@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from dspark_trt.build.spec import BuildSpec
-from dspark_trt.build.tp import shard_state
+from dspark_trt.builder.options import BuildOptions
+from dspark_trt.builder.tp import shard_state
 from dspark_trt.errors import BuildError
 
 log = logging.getLogger(__name__)
@@ -80,23 +80,23 @@ def patch_config(ckpt: Path, hf_dir: Path, extra: dict[str, Any]) -> dict[str, A
     return cfg
 
 
-def export_modelopt(model: nn.Module, arch: str, hf_dir: Path, out: Path, spec: BuildSpec,
+def export_modelopt(model: nn.Module, arch: str, hf_dir: Path, out: Path, opts: BuildOptions,
                     extra: dict[str, Any]) -> dict[str, Any]:
     """ModelOpt export of a (quantized) HF Llama-family model; returns the patched config."""
     from modelopt.torch.export import export_tensorrt_llm_checkpoint
 
     if arch not in DECODER_TYPE:
         raise BuildError(f"No ModelOpt TensorRT-LLM exporter mapping for {arch}; supported: {', '.join(DECODER_TYPE)}.")
-    if spec.dtype == "float32":
+    if opts.dtype == "float32":
         raise BuildError("ModelOpt's TensorRT-LLM exporter writes float16 when asked for float32; use --dtype "
                          "bfloat16|float16 with --quant, or --quant none for a float32 checkpoint.")
     out.mkdir(parents=True, exist_ok=True)
-    from dspark_trt.build.quantize import _quietly
+    from dspark_trt.builder.quantize import _quietly
 
     with torch.inference_mode():
         _quietly(lambda: export_tensorrt_llm_checkpoint(model, decoder_type=DECODER_TYPE[arch],
-                                                        dtype=DTYPES[spec.dtype], export_dir=str(out),
-                                                        inference_tensor_parallel=spec.tp_size))
+                                                        dtype=DTYPES[opts.dtype], export_dir=str(out),
+                                                        inference_tensor_parallel=opts.tp_size))
     stray = out / "quant_cfg.json"  # ModelOpt writes it for tp > 1; TRT-LLM reads it only for MIXED_PRECISION
     if stray.is_file():
         stray.unlink()
@@ -124,7 +124,7 @@ def trtllm_config_from_hf(hf: dict[str, Any], dtype: str, tp_size: int, arch: st
     }
 
 
-def write_unquantized(hf_dir: Path, arch: str, out: Path, spec: BuildSpec, extra: dict[str, Any]) -> dict[str, Any]:
+def write_unquantized(hf_dir: Path, arch: str, out: Path, opts: BuildOptions, extra: dict[str, Any]) -> dict[str, Any]:
     """Our own exact writer for unquantized checkpoints (any dtype; used for float32)."""
     from safetensors.torch import save_file
 
@@ -135,13 +135,13 @@ def write_unquantized(hf_dir: Path, arch: str, out: Path, spec: BuildSpec, extra
     for f in _weight_files(hf_dir):
         hf.update(_read_tensors(f))
     state = hf_to_trtllm_names(hf, mcfg, str(hf_dir))
-    dt = DTYPES[spec.dtype]
+    dt = DTYPES[opts.dtype]
     if mcfg.tie_word_embeddings and "lm_head.weight" not in state:
         state["lm_head.weight"] = state["transformer.vocab_embedding.weight"]
     state = {k: v.to(dt).contiguous() for k, v in state.items() if not k.endswith("rotary_emb.inv_freq")}
-    cfg = trtllm_config_from_hf(_read_json(hf_dir / "config.json"), spec.dtype, spec.tp_size, arch)
+    cfg = trtllm_config_from_hf(_read_json(hf_dir / "config.json"), opts.dtype, opts.tp_size, arch)
     out.mkdir(parents=True, exist_ok=True)
-    for r, st in enumerate(shard_state(state, cfg, spec.tp_size)):
+    for r, st in enumerate(shard_state(state, cfg, opts.tp_size)):
         save_file({k: v.contiguous() for k, v in st.items()}, str(out / f"rank{r}.safetensors"))
     (out / "config.json").write_text(json.dumps(cfg, indent=4) + "\n")
     return patch_config(out, hf_dir, extra)
@@ -167,18 +167,18 @@ def quantized_linear_tensors(module: nn.Module, quant: str, dtype: torch.dtype) 
     return out
 
 
-def export_dspark(model: nn.Module, out: Path, spec: BuildSpec, quantized: bool, extra: dict[str, Any]) -> dict[str, Any]:
+def export_dspark(model: nn.Module, out: Path, opts: BuildOptions, quantized: bool, extra: dict[str, Any]) -> dict[str, Any]:
     """The DSpark drafter in TRT-LLM checkpoint form (see module docstring); returns its config."""
     from safetensors.torch import save_file
 
-    dt = DTYPES[spec.dtype]
+    dt = DTYPES[opts.dtype]
     cfg_d = model.cfg.to_dict()
     state: dict[str, torch.Tensor] = {}
     qnames: list[str] = []
     for name, mod in model.named_modules():
         if quantized and type(mod).__name__.startswith("Quant") and hasattr(mod, "weight_quantizer") \
                 and getattr(mod.weight_quantizer, "is_enabled", False):
-            for k, t in quantized_linear_tensors(mod, spec.quant, dt).items():
+            for k, t in quantized_linear_tensors(mod, opts.quant, dt).items():
                 state[f"dspark.{name}.{k}"] = t.contiguous()
             qnames.append(name)
     qset = set(qnames)
@@ -189,7 +189,7 @@ def export_dspark(model: nn.Module, out: Path, spec: BuildSpec, quantized: bool,
         state[f"dspark.{k}"] = (t.detach().to(dt) if torch.is_floating_point(t) else t.detach()).contiguous()
     cfg = {
         "producer": {"name": "dspark_trt", "version": "0.1.0"},
-        "architecture": "DSparkDrafter", "dtype": spec.dtype, "logits_dtype": "float32",
+        "architecture": "DSparkDrafter", "dtype": opts.dtype, "logits_dtype": "float32",
         "vocab_size": cfg_d["vocab_size"], "hidden_size": cfg_d["hidden_size"],
         "num_hidden_layers": cfg_d["num_hidden_layers"], "num_attention_heads": cfg_d["num_attention_heads"],
         "num_key_value_heads": cfg_d["num_key_value_heads"], "head_size": cfg_d["head_dim"],
@@ -197,7 +197,7 @@ def export_dspark(model: nn.Module, out: Path, spec: BuildSpec, quantized: bool,
         "position_embedding_type": "rope_gpt_neox", "rotary_base": cfg_d["rope_theta"], "rotary_scaling": None,
         "max_position_embeddings": cfg_d["max_position_embeddings"],
         "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
-        "quantization": {"quant_algo": spec.quant_algo if quantized else None, "kv_cache_quant_algo": None,
+        "quantization": {"quant_algo": opts.quant_algo if quantized else None, "kv_cache_quant_algo": None,
                          "exclude_modules": [n for n, m in model.named_modules()
                                              if isinstance(m, nn.Linear) and n not in qset] if quantized else None},
         "dspark": {"drafter_config": cfg_d, "quantized_modules": qnames, **extra},

@@ -11,7 +11,7 @@ import re
 import shutil
 from pathlib import Path
 
-from dspark_trt.build.spec import BuildSpec
+from dspark_trt.builder.options import BuildOptions
 from dspark_trt.errors import BuildError
 
 log = logging.getLogger(__name__)
@@ -23,10 +23,10 @@ _KEY = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 FILLED_SUFFIXES = (".pbtxt",)
 
 
-def template_values(spec: BuildSpec, build_dir: Path) -> dict[str, str]:
-    return {"BUILD_DIR": str(Path(build_dir).resolve()), "MAX_BATCH_SIZE": str(spec.max_batch_size),
-            "GAMMA": str(spec.gamma), "POLICY": spec.policy, "MIN_K": str(spec.min_k),
-            "MAX_K": str(spec.effective_max_k), "MAX_SEQ_LEN": str(spec.max_seq_len), "MAX_QUEUE": str(spec.max_queue)}
+def template_values(opts: BuildOptions, build_dir: Path) -> dict[str, str]:
+    return {"BUILD_DIR": str(Path(build_dir).resolve()), "MAX_BATCH_SIZE": str(opts.max_batch_size),
+            "GAMMA": str(opts.gamma), "POLICY": opts.policy, "MIN_K": str(opts.min_k),
+            "MAX_K": str(opts.effective_max_k), "MAX_SEQ_LEN": str(opts.max_seq_len), "MAX_QUEUE": str(opts.max_queue)}
 
 
 def fill_text(text: str, values: dict[str, str], where: str) -> str:
@@ -46,11 +46,11 @@ def fill_text(text: str, values: dict[str, str], where: str) -> str:
     return out
 
 
-def fill_model_repo(spec: BuildSpec, build_dir: Path, template: Path = TEMPLATE_DIR) -> dict[str, object]:
+def fill_model_repo(opts: BuildOptions, build_dir: Path, template: Path = TEMPLATE_DIR) -> dict[str, object]:
     """Copy + fill template → build_dir/model_repo (replaced atomically); returns manifest facts."""
     if not template.is_dir():
         raise BuildError(f"The model repository templates are missing at {template}; restore model_repo/ from git.")
-    values = template_values(spec, build_dir)
+    values = template_values(opts, build_dir)
     dest = Path(build_dir) / "model_repo"
     tmp = Path(build_dir) / ".model_repo.tmp"
     if tmp.exists():

@@ -1,4 +1,4 @@
-"""`BuildSpec`: the frozen, hashable description of one build (the CLI's defaults come from here).
+"""`BuildOptions`: the frozen, hashable description of one build (the CLI's defaults come from here).
 
 Owns the option names and their validation. Must not do any work (no file access beyond path
 normalisation, no torch).
@@ -22,7 +22,7 @@ KV_QUANT_ALGO: dict[str, str | None] = {"none": None, "fp8": "FP8"}
 
 
 @dataclass(frozen=True)
-class BuildSpec:
+class BuildOptions:
     """Every knob of `dspark-trt build`; `None` target/draft = the embedded default pair."""
 
     target: str | None = None
@@ -96,9 +96,9 @@ class BuildSpec:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "BuildSpec":
+    def from_dict(cls, d: dict[str, Any]) -> "BuildOptions":
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
-    def replace(self, **changes: Any) -> "BuildSpec":
+    def replace(self, **changes: Any) -> "BuildOptions":
         return dataclasses.replace(self, **changes)

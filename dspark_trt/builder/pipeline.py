@@ -18,10 +18,10 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
-from dspark_trt.build import calib as calib_mod
-from dspark_trt.build.manifest import Manifest, StageRecord, hash_dir, hash_file, hash_json, package_versions
-from dspark_trt.build.spec import BuildSpec
-from dspark_trt.build.validate import ValidatedPair, validate
+from dspark_trt.builder import calib as calib_mod
+from dspark_trt.builder.manifest import Manifest, StageRecord, hash_dir, hash_file, hash_json, package_versions
+from dspark_trt.builder.options import BuildOptions
+from dspark_trt.builder.validate import ValidatedPair, validate
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +52,11 @@ class _Stage:
 
 
 class BuildPipeline:
-    """Runs `dspark-trt build` for one BuildSpec into build_dir."""
+    """Runs `dspark-trt build` with one set of BuildOptions into build_dir."""
 
-    def __init__(self, spec: BuildSpec, quiet: bool = False) -> None:
-        self.spec = spec
-        self.out = Path(spec.output).expanduser().resolve()
+    def __init__(self, opts: BuildOptions, quiet: bool = False) -> None:
+        self.opts = opts
+        self.out = Path(opts.output).expanduser().resolve()
         self.quiet = quiet
         self.manifest = Manifest(self.out)
 
@@ -74,15 +74,15 @@ class BuildPipeline:
 
     # ------------------------------------------------------------------ run
     def run(self) -> dict[str, Any]:
-        spec = self.spec
+        opts = self.opts
         self.out.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         st = _Stage("validate", 1, self.quiet)
-        pair = validate(spec, self.out)
+        pair = validate(opts, self.out)
         inputs = {"target": {"path": str(pair.target), "files": hash_dir(pair.target)},
                   "draft": {"path": str(pair.draft), "kind": pair.draft_kind, "files": hash_dir(pair.draft)}}
         st.step(1)
-        self.manifest.set("spec", spec.to_dict())
+        self.manifest.set("options", opts.to_dict())
         self.manifest.set("inputs", inputs)
         self.manifest.set("packages", package_versions())
         self._record("validate", hash_json(inputs), {"target_arch": pair.target_arch, "draft_kind": pair.draft_kind,
@@ -91,25 +91,25 @@ class BuildPipeline:
 
         export_key = hash_json({"v": EXPORT_VERSION, "inputs": inputs, "calib": [hash_file(calib_mod.CALIB_DIR / n) for n in
                                 ("calib.txt", "heldout.txt")], "modelopt": self.manifest.data["packages"].get("nvidia-modelopt"),
-                                **{k: getattr(spec, k) for k in ("dtype", "quant", "kv_quant", "tp_size", "calib_samples",
+                                **{k: getattr(opts, k) for k in ("dtype", "quant", "kv_quant", "tp_size", "calib_samples",
                                                                  "calib_seq_len", "eval_tokens")}})
         if not (self._skip("quantize", export_key) and self._skip("export", export_key)):
             self._quantize_and_export(pair, export_key)
         verify_key = hash_json({"export": export_key, "v": EXPORT_VERSION})
         if not self._skip("verify", verify_key):
             self._verify(pair, verify_key)
-        engines_key = hash_json({"export": export_key, **{k: getattr(spec, k) for k in (
+        engines_key = hash_json({"export": export_key, **{k: getattr(opts, k) for k in (
             "max_draft_len", "max_batch_size", "max_seq_len", "build_engines")}})
         if not self._skip("engines", engines_key):
             self._engines(pair, engines_key)
-        from dspark_trt.build.model_repo import TEMPLATE_DIR, fill_model_repo, template_values
+        from dspark_trt.builder.model_repo import TEMPLATE_DIR, fill_model_repo, template_values
 
         repo_key = hash_json({"templates": {str(p.relative_to(TEMPLATE_DIR)): hash_file(p)
                                             for p in sorted(TEMPLATE_DIR.rglob("*")) if p.is_file() and p.suffix != ".pyc"}
-                              if TEMPLATE_DIR.is_dir() else {}, "values": template_values(spec, self.out)})
+                              if TEMPLATE_DIR.is_dir() else {}, "values": template_values(opts, self.out)})
         if not self._skip("model_repo", repo_key):
             st = _Stage("model_repo", 1, self.quiet)
-            facts = fill_model_repo(spec, self.out)
+            facts = fill_model_repo(opts, self.out)
             facts["paths"] = ["model_repo"]
             st.step(1)
             self._record("model_repo", repo_key, facts, st.close())
@@ -125,20 +125,20 @@ class BuildPipeline:
     def _quantize_and_export(self, pair: ValidatedPair, key: str) -> None:
         from transformers import AutoTokenizer
 
-        from dspark_trt.build import export as ex
-        from dspark_trt.build import quantize as qz
+        from dspark_trt.builder import export as ex
+        from dspark_trt.builder import quantize as qz
 
-        spec = self.spec
+        opts = self.opts
         tok = AutoTokenizer.from_pretrained(str(pair.target))
-        calib = calib_mod.calibration_batches(tok, spec.calib_samples, spec.calib_seq_len)  # [N, T]
-        held = calib_mod.heldout_tokens(tok, spec.eval_tokens)  # [M, 128]
-        quantizing = spec.quant != "none" or spec.kv_quant != "none"
+        calib = calib_mod.calibration_batches(tok, opts.calib_samples, opts.calib_seq_len)  # [N, T]
+        held = calib_mod.heldout_tokens(tok, opts.eval_tokens)  # [M, 128]
+        quantizing = opts.quant != "none" or opts.kv_quant != "none"
         extra = {"modelopt": package_versions(("nvidia-modelopt",))["nvidia-modelopt"],
                  "trtllm_pins_modelopt": ex.TRTLLM_PINNED_MODELOPT,
                  "version_catch": ex.VERSION_CATCH.format(mo=package_versions(("nvidia-modelopt",))["nvidia-modelopt"])}
         st = _Stage("quantize", 2 * calib.shape[0] if quantizing else 2, self.quiet)
         models: dict[str, Any] = {}
-        qfacts: dict[str, Any] = {"recipe": qz.modelopt_config(spec.quant, spec.kv_quant) if quantizing else None,
+        qfacts: dict[str, Any] = {"recipe": qz.modelopt_config(opts.quant, opts.kv_quant) if quantizing else None,
                                   "calibration": {"sequences": int(calib.shape[0]), "tokens_each": int(calib.shape[1])}}
         for role, path, arch in (("target", pair.target, pair.target_arch), ("draft", pair.draft, pair.draft_arch)):
             if role == "draft" and pair.draft_kind == "dspark":
@@ -151,7 +151,7 @@ class BuildPipeline:
             m = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
             if quantizing:
                 ref = qz.logits_hf(m, held)
-                qz.quantize_hf(m, spec.quant, spec.kv_quant if role == "target" else "none", calib,
+                qz.quantize_hf(m, opts.quant, opts.kv_quant if role == "target" else "none", calib,
                                progress=lambda n: st.step(n, role))
                 qfacts[f"{role}_fake_quant"] = qz.quality(ref, qz.logits_hf(m, held), held)
                 qfacts[f"{role}_quantizers"] = qz.quantizer_summary(m)
@@ -170,12 +170,12 @@ class BuildPipeline:
                 from dspark_trt.runtime.drafters import load_dspark_model
 
                 model = models[role] if models[role] is not None else load_dspark_model(path, dtype=torch.float32)
-                cfg = ex.export_dspark(model, out, spec, quantized=models[role] is not None, extra=extra)
-            elif spec.dtype == "float32" and not quantizing:
-                cfg = ex.write_unquantized(path, arch, out, spec, extra)
+                cfg = ex.export_dspark(model, out, opts, quantized=models[role] is not None, extra=extra)
+            elif opts.dtype == "float32" and not quantizing:
+                cfg = ex.write_unquantized(path, arch, out, opts, extra)
             else:
-                lm_spec = spec if role == "target" else spec.replace(kv_quant="none")
-                cfg = ex.export_modelopt(models[role], arch, path, out, lm_spec, extra)
+                lm_opts = opts if role == "target" else opts.replace(kv_quant="none")
+                cfg = ex.export_modelopt(models[role], arch, path, out, lm_opts, extra)
             efacts[role] = {"architecture": cfg["architecture"], "dtype": cfg["dtype"],
                             "quantization": cfg.get("quantization"), "tp_size": cfg["mapping"]["tp_size"],
                             "files": hash_dir(out), "writer": (cfg.get("producer") or {}).get("name")}
@@ -191,7 +191,7 @@ class BuildPipeline:
 
     def _quantize_dspark(self, pair: ValidatedPair, calib: torch.Tensor, st: _Stage, facts: dict[str, Any]) -> Any:
         """ModelOpt-quantize the DSpark drafter, calibrated on real target features of the calibration text."""
-        from dspark_trt.build.quantize import quantize_dspark, quantizer_summary
+        from dspark_trt.builder.quantize import quantize_dspark, quantizer_summary
         from dspark_trt.runtime.drafters import DSparkDrafter, load_dspark_model
         from dspark_trt.runtime.hf_loader import load_hf_checkpoint
 
@@ -217,19 +217,19 @@ class BuildPipeline:
                     drafter.propose(torch.tensor([0]), seq[:, b], gamma, [SamplingParams()])
                 st.step(1, "draft")
 
-        quantize_dspark(model, self.spec.quant, self.spec.kv_quant, loop)
+        quantize_dspark(model, self.opts.quant, self.opts.kv_quant, loop)
         facts["draft_quantizers"] = quantizer_summary(model)
         return model
 
     def _verify(self, pair: ValidatedPair, key: str) -> None:
-        from dspark_trt.build.verify import verify_build
+        from dspark_trt.builder.verify import verify_build
 
         st = _Stage("verify", 2, self.quiet)
-        facts = verify_build(self.out, self.spec, pair, progress=lambda note: st.step(1, note))
+        facts = verify_build(self.out, self.opts, pair, progress=lambda note: st.step(1, note))
         self._record("verify", key, facts, st.close())
 
     def _engines(self, pair: ValidatedPair, key: str) -> None:
-        from dspark_trt.build import trtllm
+        from dspark_trt.builder import trtllm
 
         st = _Stage("engines", 1, self.quiet)
         tq = (self.manifest.stage("export").outputs.get("target") or {}).get("quantization") or {}
@@ -237,7 +237,7 @@ class BuildPipeline:
         engines = self.out / "engines"
         if engines.exists():
             shutil.rmtree(engines)
-        facts = trtllm.build_engines(engines, self.spec, self.out / "target" / "checkpoint",
+        facts = trtllm.build_engines(engines, self.opts, self.out / "target" / "checkpoint",
                                      self.out / "draft" / "checkpoint", pair.draft_kind, tq.get("quant_algo"),
                                      dq.get("quant_algo"))
         facts["paths"] = ["engines"]
@@ -245,9 +245,9 @@ class BuildPipeline:
         self._record("engines", key, facts, st.close())
 
 
-def run_build(spec: BuildSpec, quiet: bool = False, on_done: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+def run_build(opts: BuildOptions, quiet: bool = False, on_done: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Build and return the manifest dict."""
-    data = BuildPipeline(spec, quiet=quiet).run()
+    data = BuildPipeline(opts, quiet=quiet).run()
     if on_done:
         on_done(data)
     return data

@@ -8,7 +8,7 @@ per rank → tensorrt_llm.builder.build → Engine.save), one process per rank u
 Our TensorRT plugins (kernels engineer's `plugins.trt.register_all`) are registered first. Without
 TensorRT-LLM the stage writes engines/build_engines.sh + engines/{target,draft}.build_config.json and
 engines/NOT_BUILT.txt saying why; the pipeline then continues on the reference runtime.
-Every flag and key here is checked against TensorRT-LLM 1.2.1 names in tests/build/trtllm_1_2_1_names.json.
+Every flag and key here is checked against TensorRT-LLM 1.2.1 names in tests/builder/trtllm_1_2_1_names.json.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dspark_trt.build.spec import BuildSpec
+from dspark_trt.builder.options import BuildOptions
 from dspark_trt.errors import BuildError
 
 log = logging.getLogger(__name__)
@@ -48,10 +48,10 @@ def trtllm_version() -> str | None:
     return str(getattr(mod, "__version__", "unknown"))
 
 
-def plugin_config(spec: BuildSpec, role: str, quant_algo: str | None) -> dict[str, Any]:
+def plugin_config(opts: BuildOptions, role: str, quant_algo: str | None) -> dict[str, Any]:
     """PluginConfig fields (TensorRT-LLM 1.2.1 names) for one engine."""
     pc: dict[str, Any] = {
-        "dtype": spec.dtype,
+        "dtype": opts.dtype,
         "gpt_attention_plugin": "auto",
         "gemm_plugin": "fp8" if quant_algo == "FP8" else ("auto" if quant_algo is None else None),
         "context_fmha": True,
@@ -60,34 +60,34 @@ def plugin_config(spec: BuildSpec, role: str, quant_algo: str | None) -> dict[st
         "tokens_per_block": TOKENS_PER_BLOCK,
         "remove_input_padding": True,
     }
-    if spec.kv_quant == "fp8" and role == "target":
+    if opts.kv_quant == "fp8" and role == "target":
         pc["use_fp8_context_fmha"] = True
-    if spec.tp_size > 1:
+    if opts.tp_size > 1:
         pc["nccl_plugin"] = "auto"
     return pc
 
 
-def build_config(spec: BuildSpec, role: str, quant_algo: str | None) -> dict[str, Any]:
+def build_config(opts: BuildOptions, role: str, quant_algo: str | None) -> dict[str, Any]:
     """BuildConfig fields (TensorRT-LLM 1.2.1 names) for the target or the LM draft engine."""
     target = role == "target"
     return {
-        "max_input_len": spec.max_input_len,
-        "max_seq_len": spec.max_seq_len,
-        "max_batch_size": spec.max_batch_size,
+        "max_input_len": opts.max_input_len,
+        "max_seq_len": opts.max_seq_len,
+        "max_batch_size": opts.max_batch_size,
         "max_beam_width": 1,
-        "max_num_tokens": spec.max_batch_size * (spec.max_draft_len + 1) + spec.max_input_len,
+        "max_num_tokens": opts.max_batch_size * (opts.max_draft_len + 1) + opts.max_input_len,
         "kv_cache_type": "paged",
         "gather_generation_logits": target,
-        "max_draft_len": spec.max_draft_len if target else 0,
+        "max_draft_len": opts.max_draft_len if target else 0,
         "speculative_decoding_mode": "draft_tokens_external" if target else None,
         "strongly_typed": True,
-        "plugin_config": plugin_config(spec, role, quant_algo),
+        "plugin_config": plugin_config(opts, role, quant_algo),
     }
 
 
-def build_config_json(spec: BuildSpec, role: str, quant_algo: str | None) -> dict[str, Any]:
+def build_config_json(opts: BuildOptions, role: str, quant_algo: str | None) -> dict[str, Any]:
     """build_config() as TensorRT-LLM's BuildConfig.from_dict / `trtllm-build --build_config` read it."""
-    bc = build_config(spec, role, quant_algo)
+    bc = build_config(opts, role, quant_algo)
     bc["speculative_decoding_mode"] = SPEC_MODE_VALUE[bc["speculative_decoding_mode"]]
     bc["kv_cache_type"] = bc["kv_cache_type"].upper()
     return bc
@@ -101,9 +101,9 @@ def _flag_value(v: Any) -> str:
     return str(v)
 
 
-def trtllm_build_command(ckpt: Path, engine_dir: Path, spec: BuildSpec, role: str, quant_algo: str | None) -> list[str]:
+def trtllm_build_command(ckpt: Path, engine_dir: Path, opts: BuildOptions, role: str, quant_algo: str | None) -> list[str]:
     """`trtllm-build` argv equivalent to build_config() (flag names as in tensorrt_llm/commands/build.py)."""
-    bc = build_config(spec, role, quant_algo)
+    bc = build_config(opts, role, quant_algo)
     argv = ["trtllm-build", "--checkpoint_dir", str(ckpt), "--output_dir", str(engine_dir),
             "--max_batch_size", str(bc["max_batch_size"]), "--max_input_len", str(bc["max_input_len"]),
             "--max_seq_len", str(bc["max_seq_len"]), "--max_num_tokens", str(bc["max_num_tokens"]),
@@ -117,11 +117,11 @@ def trtllm_build_command(ckpt: Path, engine_dir: Path, spec: BuildSpec, role: st
                 "remove_input_padding", "use_fp8_context_fmha", "nccl_plugin"):
         if key in pc and key != "paged_kv_cache":
             argv += [f"--{key}", _flag_value(pc[key])]
-    argv += ["--workers", str(spec.tp_size)]
+    argv += ["--workers", str(opts.tp_size)]
     return argv
 
 
-def write_engine_plan(engines: Path, spec: BuildSpec, target_ckpt: Path, draft_ckpt: Path, draft_kind: str,
+def write_engine_plan(engines: Path, opts: BuildOptions, target_ckpt: Path, draft_ckpt: Path, draft_kind: str,
                       target_algo: str | None, draft_algo: str | None, reason: str) -> dict[str, Any]:
     """engines/build_engines.sh + {target,draft}.build_config.json + NOT_BUILT.txt; returns manifest facts."""
     engines.mkdir(parents=True, exist_ok=True)
@@ -135,16 +135,16 @@ def write_engine_plan(engines: Path, spec: BuildSpec, target_ckpt: Path, draft_c
              "# TensorRT-LLM 1.2.x engines for this build (run on a GPU host with tensorrt-llm 1.2.x installed).",
              f"# Written by `dspark-trt build` because engines were not built here: {reason}",
              "set -euo pipefail", 'BUILD_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"', ""]
-    (engines / "target.build_config.json").write_text(json.dumps(build_config_json(spec, "target", target_algo), indent=2) + "\n")
-    cmd = trtllm_build_command(Path("CKPT"), Path("OUT"), spec, "target", target_algo)
+    (engines / "target.build_config.json").write_text(json.dumps(build_config_json(opts, "target", target_algo), indent=2) + "\n")
+    cmd = trtllm_build_command(Path("CKPT"), Path("OUT"), opts, "target", target_algo)
     cmd[2], cmd[4] = rel(target_ckpt), "$BUILD_DIR/engines/target"
     lines += ["# target: verifies up to γ = max_draft_len external draft tokens per step",
               " ".join(shlex.quote(c) if not c.startswith("$") else f'"{c}"' for c in cmd), ""]
     facts: dict[str, Any] = {"built": False, "reason": reason, "script": "engines/build_engines.sh",
                              "build_configs": ["engines/target.build_config.json"]}
     if draft_kind == "lm":
-        (engines / "draft.build_config.json").write_text(json.dumps(build_config_json(spec, "draft", draft_algo), indent=2) + "\n")
-        cmd = trtllm_build_command(Path("CKPT"), Path("OUT"), spec, "draft", draft_algo)
+        (engines / "draft.build_config.json").write_text(json.dumps(build_config_json(opts, "draft", draft_algo), indent=2) + "\n")
+        cmd = trtllm_build_command(Path("CKPT"), Path("OUT"), opts, "draft", draft_algo)
         cmd[2], cmd[4] = rel(draft_ckpt), "$BUILD_DIR/engines/draft"
         lines += ["# draft: a plain LM engine", " ".join(shlex.quote(c) if not c.startswith("$") else f'"{c}"'
                                                             for c in cmd), ""]
@@ -191,43 +191,43 @@ def _build_rank(ckpt: Path, out: Path, bc_dict: dict[str, Any], rank: int) -> No
     engine.save(str(out))
 
 
-def build_engine(ckpt: Path, out: Path, spec: BuildSpec, role: str, quant_algo: str | None) -> dict[str, Any]:
+def build_engine(ckpt: Path, out: Path, opts: BuildOptions, role: str, quant_algo: str | None) -> dict[str, Any]:
     """Build one engine (all ranks); in process for tp 1, else `mpirun -n TP` of this module."""
-    bc = build_config(spec, role, quant_algo)
+    bc = build_config(opts, role, quant_algo)
     out.mkdir(parents=True, exist_ok=True)
-    if spec.tp_size == 1:
+    if opts.tp_size == 1:
         _build_rank(ckpt, out, bc, 0)
     else:
         cfg_file = out / "build_config.json"
         cfg_file.write_text(json.dumps(bc))
-        cmd = ["mpirun", "-n", str(spec.tp_size), "--allow-run-as-root", sys.executable, "-m", "dspark_trt.build.trtllm",
+        cmd = ["mpirun", "-n", str(opts.tp_size), "--allow-run-as-root", sys.executable, "-m", "dspark_trt.builder.trtllm",
                "--checkpoint_dir", str(ckpt), "--output_dir", str(out), "--build_config", str(cfg_file)]
         log.info("building %s engine: %s", role, " ".join(cmd))
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode:
             raise BuildError(f"mpirun engine build of the {role} failed (exit {res.returncode}): {res.stderr[-2000:]}; "
                              f"check that mpi4py and tensorrt-llm 1.2.x work under mpirun.")
-    return {"engine_dir": str(out), "ranks": spec.tp_size}
+    return {"engine_dir": str(out), "ranks": opts.tp_size}
 
 
-def build_engines(engines: Path, spec: BuildSpec, target_ckpt: Path, draft_ckpt: Path, draft_kind: str,
+def build_engines(engines: Path, opts: BuildOptions, target_ckpt: Path, draft_ckpt: Path, draft_kind: str,
                   target_algo: str | None, draft_algo: str | None) -> dict[str, Any]:
     """Build with TensorRT-LLM when a 1.2.x is importable, else write the plan. Returns manifest facts."""
-    version = trtllm_version() if spec.build_engines else None
+    version = trtllm_version() if opts.build_engines else None
     if version is None:
-        reason = ("--no-engines was given" if not spec.build_engines else
+        reason = ("--no-engines was given" if not opts.build_engines else
                   "tensorrt_llm is not importable here (TensorRT-LLM 1.2.x needs an NVIDIA GPU host with TensorRT 10.14)")
         log.warning("engines NOT built: %s; wrote engines/build_engines.sh; continuing with the reference runtime", reason)
-        return write_engine_plan(engines, spec, target_ckpt, draft_ckpt, draft_kind, target_algo, draft_algo, reason)
+        return write_engine_plan(engines, opts, target_ckpt, draft_ckpt, draft_kind, target_algo, draft_algo, reason)
     if not version.startswith(SUPPORTED_LINE):
         reason = f"tensorrt_llm {version} is installed but the engine path needs {SUPPORTED_LINE}.x (1.3 removed trtllm-build)"
         log.warning("engines NOT built: %s", reason)
-        return write_engine_plan(engines, spec, target_ckpt, draft_ckpt, draft_kind, target_algo, draft_algo, reason)
+        return write_engine_plan(engines, opts, target_ckpt, draft_ckpt, draft_kind, target_algo, draft_algo, reason)
     plugins = register_plugins()
     facts: dict[str, Any] = {"built": True, "tensorrt_llm": version, "plugins": list(plugins)}
-    facts["target"] = build_engine(target_ckpt, engines / "target", spec, "target", target_algo)
+    facts["target"] = build_engine(target_ckpt, engines / "target", opts, "target", target_algo)
     if draft_kind == "lm":
-        facts["draft"] = build_engine(draft_ckpt, engines / "draft", spec, "draft", draft_algo)
+        facts["draft"] = build_engine(draft_ckpt, engines / "draft", opts, "draft", draft_algo)
     else:
         facts["draft_engine"] = "not buildable: DSparkDrafter has no TensorRT-LLM model class"
     return facts

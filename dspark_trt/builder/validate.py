@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dspark_trt.build.spec import BuildSpec
+from dspark_trt.builder.options import BuildOptions
 from dspark_trt.errors import BuildError, CheckpointError, UnsupportedArchitectureError
 from dspark_trt.runtime.hf_loader import read_json
 
@@ -37,16 +37,16 @@ class ValidatedPair:
     input_bytes: int
 
 
-def resolve_inputs(spec: BuildSpec) -> tuple[Path, Path]:
+def resolve_inputs(opts: BuildOptions) -> tuple[Path, Path]:
     """(target dir, draft dir); the embedded default pair when a path is not given."""
-    if spec.target:
-        target = Path(spec.target).expanduser()
+    if opts.target:
+        target = Path(opts.target).expanduser()
     else:
         from dspark_trt.runtime.default_model import default_target_dir
 
         target = Path(default_target_dir())
-    if spec.draft:
-        draft = Path(spec.draft).expanduser()
+    if opts.draft:
+        draft = Path(opts.draft).expanduser()
     else:
         from dspark_trt.runtime.drafters import default_drafter_dir
 
@@ -144,9 +144,9 @@ def check_disk(out_dir: Path, input_bytes: int) -> None:
                          f"{need / 2**30:.2f} GiB needed; free space or pass --output on a larger disk.")
 
 
-def validate(spec: BuildSpec, out_dir: Path) -> ValidatedPair:
+def validate(opts: BuildOptions, out_dir: Path) -> ValidatedPair:
     """Run every check; raise the first problem as a DsparkError naming file + fix."""
-    target, draft = resolve_inputs(spec)
+    target, draft = resolve_inputs(opts)
     tcfg = read_config(target, "target")
     dcfg = read_config(draft, "draft")
     target_arch = check_architecture(tcfg, target, "target")
@@ -160,8 +160,8 @@ def validate(spec: BuildSpec, out_dir: Path) -> ValidatedPair:
             block = DSparkConfig.from_dict(dcfg).block_size
         except Exception as e:  # DrafterError with its own fix
             raise CheckpointError(f"The draft checkpoint {draft}: {e}") from e
-        if spec.max_draft_len > block:
-            raise BuildError(f"--max-draft-len {spec.max_draft_len} exceeds the DSpark drafter's block size {block} "
+        if opts.max_draft_len > block:
+            raise BuildError(f"--max-draft-len {opts.max_draft_len} exceeds the DSpark drafter's block size {block} "
                              f"({draft}); pass --max-draft-len {block} or less (γ cannot exceed what the drafter proposes).")
     else:
         kind = "lm"

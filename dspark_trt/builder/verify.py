@@ -16,10 +16,10 @@ from typing import Any, Callable
 
 import torch
 
-from dspark_trt.build import calib as calib_mod
-from dspark_trt.build.quantize import logits_hf, quality
-from dspark_trt.build.spec import BuildSpec
-from dspark_trt.build.validate import ValidatedPair
+from dspark_trt.builder import calib as calib_mod
+from dspark_trt.builder.quantize import logits_hf, quality
+from dspark_trt.builder.options import BuildOptions
+from dspark_trt.builder.validate import ValidatedPair
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def decode_speed(model: torch.nn.Module, prompt: torch.Tensor, new_tokens: int =
     return round(statistics.median(rates), 2)
 
 
-def _lm_report(ckpt: Path, hf_dir: Path, spec: BuildSpec, held: torch.Tensor, speed: bool) -> dict[str, Any]:
+def _lm_report(ckpt: Path, hf_dir: Path, opts: BuildOptions, held: torch.Tensor, speed: bool) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     from dspark_trt.runtime.quant_linear import linear_paths
@@ -57,21 +57,21 @@ def _lm_report(ckpt: Path, hf_dir: Path, spec: BuildSpec, held: torch.Tensor, sp
     ref_model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
     ref = logits_hf(ref_model, held)
     del ref_model
-    rt = load_trtllm_checkpoint(ckpt, dtype=STR_DTYPES[spec.dtype])
+    rt = load_trtllm_checkpoint(ckpt, dtype=STR_DTYPES[opts.dtype])
     rep = quality(ref, runtime_logits(rt, held), held)
-    rep["runtime_dtype"] = spec.dtype
+    rep["runtime_dtype"] = opts.dtype
     rep["linear_paths"] = linear_paths(rt) or {"nn.Linear": "unquantized"}
-    rep["kv_cache"] = (f"{rt.kv_cache_quant_algo} scales exported; the reference runtime keeps KV in {spec.dtype}"
-                       if getattr(rt, "kv_cache_quant_algo", None) else spec.dtype)
+    rep["kv_cache"] = (f"{rt.kv_cache_quant_algo} scales exported; the reference runtime keeps KV in {opts.dtype}"
+                       if getattr(rt, "kv_cache_quant_algo", None) else opts.dtype)
     if speed:
         rep["decode_tok_per_s"] = decode_speed(rt, held[:1, :64])
     return rep
 
 
 @torch.no_grad()
-def _dspark_report(ckpt: Path, pair: ValidatedPair, spec: BuildSpec, held: torch.Tensor) -> dict[str, Any]:
+def _dspark_report(ckpt: Path, pair: ValidatedPair, opts: BuildOptions, held: torch.Tensor) -> dict[str, Any]:
     """Agreement of the exported drafter's greedy proposals with the unquantized drafter's."""
-    from dspark_trt.build.artifacts import load_dspark_export
+    from dspark_trt.builder.artifacts import load_dspark_export
     from dspark_trt.runtime.drafters import load_drafter
     from dspark_trt.runtime.hf_loader import load_hf_checkpoint
     from dspark_trt.spec_decode.protocols import SamplingParams
@@ -101,20 +101,20 @@ def _dspark_report(ckpt: Path, pair: ValidatedPair, spec: BuildSpec, held: torch
             "block_agreement": round(full / max(n, 1), 4), "compared_with": "unquantized drafter, float32"}
 
 
-def verify_build(build_dir: Path, spec: BuildSpec, pair: ValidatedPair,
+def verify_build(build_dir: Path, opts: BuildOptions, pair: ValidatedPair,
                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(build_dir / "tokenizer"))
-    held = calib_mod.heldout_tokens(tok, spec.eval_tokens)  # [M, 128]
+    held = calib_mod.heldout_tokens(tok, opts.eval_tokens)  # [M, 128]
     facts: dict[str, Any] = {"heldout_sequences": int(held.shape[0]), "heldout_tokens_each": int(held.shape[1])}
-    facts["target"] = _lm_report(build_dir / "target" / "checkpoint", pair.target, spec, held, speed=spec.bench)
+    facts["target"] = _lm_report(build_dir / "target" / "checkpoint", pair.target, opts, held, speed=opts.bench)
     if progress:
         progress("target")
     if pair.draft_kind == "lm":
-        facts["draft"] = _lm_report(build_dir / "draft" / "checkpoint", pair.draft, spec, held, speed=False)
+        facts["draft"] = _lm_report(build_dir / "draft" / "checkpoint", pair.draft, opts, held, speed=False)
     else:
-        facts["draft"] = _dspark_report(build_dir / "draft" / "checkpoint", pair, spec, held)
+        facts["draft"] = _dspark_report(build_dir / "draft" / "checkpoint", pair, opts, held)
     if progress:
         progress("draft")
     return facts

@@ -1,7 +1,7 @@
 """`dspark-trt build`: validate, quantize (ModelOpt), export TRT-LLM checkpoints, build engines, write the model repo.
 
-Owns the command line only (flags in trtllm-build's style, defaults from BuildSpec) and the final summary;
-the work is dspark_trt.build.pipeline. Logs and progress bars go to stderr; the summary to stdout.
+Owns the command line only (flags in trtllm-build's style, defaults from BuildOptions) and the final summary;
+the work is dspark_trt.builder.pipeline. Logs and progress bars go to stderr; the summary to stdout.
 """
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import dataclasses
 import json
 import logging
 
-from dspark_trt.build.spec import DTYPES, KV_QUANT_MODES, POLICIES, QUANT_MODES, BuildSpec
+from dspark_trt.builder.options import DTYPES, KV_QUANT_MODES, POLICIES, QUANT_MODES, BuildOptions
 
 log = logging.getLogger(__name__)
-_D = BuildSpec()
+_D = BuildOptions()
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,14 +53,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the manifest as JSON on stdout")
 
 
-def spec_from_args(args: argparse.Namespace) -> BuildSpec:
-    names = {f.name for f in dataclasses.fields(BuildSpec)}
-    return BuildSpec(**{k: v for k, v in vars(args).items() if k in names})
+def options_from_args(args: argparse.Namespace) -> BuildOptions:
+    names = {f.name for f in dataclasses.fields(BuildOptions)}
+    return BuildOptions(**{k: v for k, v in vars(args).items() if k in names})
 
 
 def _summary(m: dict) -> str:
     st = m.get("stages", {})
-    lines = [f"build: {m.get('spec', {}).get('output')}  ({m.get('total_seconds')} s)"]
+    lines = [f"build: {m.get('options', {}).get('output')}  ({m.get('total_seconds')} s)"]
     for name, rec in st.items():
         took = "skipped (unchanged)" if rec.get("skipped") else f"{rec.get('seconds')} s"
         lines.append(f"  {name:<10} {took}")
@@ -76,9 +76,9 @@ def _summary(m: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dspark_trt.build.pipeline import run_build
+    from dspark_trt.builder.pipeline import run_build
 
-    spec = spec_from_args(args)
-    manifest = run_build(spec, quiet=False)
+    opts = options_from_args(args)
+    manifest = run_build(opts, quiet=False)
     print(json.dumps(manifest, indent=2, default=str) if args.json else _summary(manifest))
     return 0

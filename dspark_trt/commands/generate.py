@@ -2,7 +2,7 @@
 
 Owns the command's arguments (defaults from the frozen spec dataclasses), picking the models (the embedded
 default pair when none is named; --target/--draft HF directories; --engine-dir a finished build through
-build.artifacts.load_built_pair; --url a running server through serve.client.generate_remote) and the output:
+builder.artifacts.load_built_pair; --url a running server through serve.client.generate_remote) and the output:
 the text (or, with --json, ONE JSON object {"text", "token_ids", "stats"}) on stdout, everything else on stderr.
 """
 from __future__ import annotations
@@ -92,10 +92,10 @@ def _remote(args: argparse.Namespace) -> dict[str, Any]:
 def _models(args: argparse.Namespace) -> tuple[Any, Any, Any, int | None]:
     """(target, draft or None, tokenizer, drafter γ or None) for in-process generation."""
     if args.engine_dir:
-        from dspark_trt.build.artifacts import load_built_pair
+        from dspark_trt.builder.artifacts import load_built_pair
 
         pair = load_built_pair(args.engine_dir)
-        return pair.target, pair.drafter, pair.tokenizer, int(pair.spec.max_draft_len)
+        return pair.target, pair.drafter, pair.tokenizer, int(pair.options.max_draft_len)
     from dspark_trt.runtime.hf_loader import load_tokenizer
 
     target_dir = args.target

@@ -73,7 +73,7 @@ class LoadedBackend:
 
 def load_backend(cfg: ServeConfig) -> LoadedBackend:
     """load_built_pair(BUILD_DIR) → SpecBackend(target, drafter, MAX_BATCH_SIZE, MAX_SEQ_LEN)."""
-    from dspark_trt.build.artifacts import load_built_pair  # noqa: PLC0415
+    from dspark_trt.builder.artifacts import load_built_pair  # noqa: PLC0415
     from dspark_trt.runtime.backend import SpecBackend  # noqa: PLC0415
 
     pair = load_built_pair(cfg.build_dir)

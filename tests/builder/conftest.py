@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark_trt.build.spec import BuildSpec
+from dspark_trt.builder.options import BuildOptions
 
 FAST = dict(calib_samples=4, calib_seq_len=64, eval_tokens=128, max_seq_len=256, max_draft_len=4, bench=False)
 
@@ -39,16 +39,16 @@ class Builds:
     def __init__(self, root: Path, tiny_pair) -> None:  # noqa: ANN001
         self.root, self.pair, self.done = root, tiny_pair, {}
 
-    def spec(self, name: str, **kw: object) -> BuildSpec:
+    def options(self, name: str, **kw: object) -> BuildOptions:
         args = dict(FAST, target=str(self.pair.target), draft=str(self.pair.draft), output=str(self.root / name))
         args.update(kw)
-        return BuildSpec(**args)
+        return BuildOptions(**args)
 
     def get(self, name: str, **kw: object) -> Path:
         if name not in self.done:
-            from dspark_trt.build.pipeline import run_build
+            from dspark_trt.builder.pipeline import run_build
 
-            run_build(self.spec(name, **kw), quiet=True)
+            run_build(self.options(name, **kw), quiet=True)
             self.done[name] = self.root / name
         return self.done[name]
 

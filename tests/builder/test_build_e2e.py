@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark_trt.build.artifacts import load_built_pair
-from dspark_trt.build.spec import BuildSpec
+from dspark_trt.builder.artifacts import load_built_pair
+from dspark_trt.builder.options import BuildOptions
 
-MODES = {  # build name → BuildSpec overrides
+MODES = {  # build name → BuildOptions overrides
     "none32": dict(quant="none", dtype="float32"),
     "fp8": dict(quant="fp8", kv_quant="fp8"),
     "int8_sq": dict(quant="int8_sq"),
@@ -43,7 +43,7 @@ def _spec_decode(pair, prompt: list[int], n: int, policy: str) -> list[int]:  # 
     from dspark_trt.engine import SpeculativeDecodingEngine
 
     eng = SpeculativeDecodingEngine(pair.target, pair.drafter, tokenizer=pair.tokenizer, max_length=256,
-                                    draft_length=pair.spec.max_draft_len, policy=policy)
+                                    draft_length=pair.options.max_draft_len, policy=policy)
     res = eng.run(prompt, n)
     return list(res.tokens), eng.eos_ids
 
@@ -59,7 +59,7 @@ def test_build_and_generate_lossless(builds, name: str) -> None:  # noqa: ANN001
     assert (out / "engines" / "build_engines.sh").is_file() and (out / "model_repo").is_dir()
     assert "version_catch" in st["export"]["outputs"]
     tcfg = json.loads((out / "target" / "checkpoint" / "config.json").read_text())
-    assert tcfg["quantization"]["quant_algo"] == BuildSpec(**MODES[name]).quant_algo
+    assert tcfg["quantization"]["quant_algo"] == BuildOptions(**MODES[name]).quant_algo
     q = st["verify"]["outputs"]["target"]
     assert 0.0 <= q["greedy_agreement"] <= 1.0 and q["ppl_quantized"] > 0
     if name == "none32":
@@ -73,7 +73,7 @@ def test_build_and_generate_lossless(builds, name: str) -> None:  # noqa: ANN001
     # float32 around the quantized kernels: in bf16 a K+1-token verify pass and a 1-token decode step round
     # differently, so a near-tie can flip (docs/build.md); the int8/fp8 arithmetic is the same in both dtypes.
     pair = load_built_pair(out, dtype=torch.float32)
-    assert pair.spec == BuildSpec.from_dict(m["spec"])
+    assert pair.options == BuildOptions.from_dict(m["options"])
     for prompt in PROMPTS:
         ids = pair.tokenizer(prompt)["input_ids"]
         got, eos = _spec_decode(pair, ids, NEW, "fixed")
@@ -98,24 +98,24 @@ def test_unquantized_export_equals_hf_greedy(builds, tiny_pair) -> None:  # noqa
 def test_rerun_skips_unchanged_stages(builds, tmp_path: Path) -> None:  # noqa: ANN001
     import shutil
 
-    from dspark_trt.build.pipeline import run_build
+    from dspark_trt.builder.pipeline import run_build
 
     out = builds.get("w8a16", **MODES["w8a16"])
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
-    spec = builds.spec("w8a16", **MODES["w8a16"]).replace(output=str(copy))
+    opts = builds.options("w8a16", **MODES["w8a16"]).replace(output=str(copy))
     ckpt = copy / "target" / "checkpoint" / "rank0.safetensors"
     mtime = ckpt.stat().st_mtime_ns
 
     def skipped(m: dict) -> dict[str, bool]:
         return {k: v["skipped"] for k, v in m["stages"].items()}
 
-    m = run_build(spec, quiet=True)  # new BUILD_DIR → only the model repository is redone
+    m = run_build(opts, quiet=True)  # new BUILD_DIR → only the model repository is redone
     assert skipped(m) == {"validate": False, "quantize": True, "export": True, "verify": True, "engines": True,
                           "model_repo": False}
-    m = run_build(spec, quiet=True)
+    m = run_build(opts, quiet=True)
     assert skipped(m)["model_repo"] is True
-    m = run_build(spec.replace(max_batch_size=5), quiet=True)  # engine/server flag → engines + repo only
+    m = run_build(opts.replace(max_batch_size=5), quiet=True)  # engine/server flag → engines + repo only
     assert skipped(m) == {"validate": False, "quantize": True, "export": True, "verify": True, "engines": False,
                           "model_repo": False}
     assert ckpt.stat().st_mtime_ns == mtime

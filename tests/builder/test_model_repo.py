@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from dspark_trt.build.model_repo import TEMPLATE_DIR, TEMPLATE_KEYS, fill_model_repo, fill_text, template_values
-from dspark_trt.build.spec import BuildSpec
+from dspark_trt.builder.model_repo import TEMPLATE_DIR, TEMPLATE_KEYS, fill_model_repo, fill_text, template_values
+from dspark_trt.builder.options import BuildOptions
 from dspark_trt.errors import BuildError
 
-SPEC = BuildSpec(max_batch_size=3, max_draft_len=6, policy="survival", min_k=1, max_k=0, max_seq_len=300, max_queue=9)
+SPEC = BuildOptions(max_batch_size=3, max_draft_len=6, policy="survival", min_k=1, max_k=0, max_seq_len=300, max_queue=9)
 
 
 def test_values_cover_contract_keys(tmp_path: Path) -> None:

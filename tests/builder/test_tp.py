@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark_trt.build import export as ex
-from dspark_trt.build.spec import BuildSpec
-from dspark_trt.build.tp import reassemble_ranks, shard_state
+from dspark_trt.builder import export as ex
+from dspark_trt.builder.options import BuildOptions
+from dspark_trt.builder.tp import reassemble_ranks, shard_state
 from dspark_trt.errors import BuildError
 from dspark_trt.runtime.trtllm_checkpoint import load_checkpoint_state, load_trtllm_checkpoint
 
@@ -19,7 +19,7 @@ def sq_model(tiny_pair):  # noqa: ANN001, ANN201
     """The tiny target ModelOpt-quantized with INT8 SmoothQuant (calibrated once)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dspark_trt.build import calib, quantize
+    from dspark_trt.builder import calib, quantize
 
     tok = AutoTokenizer.from_pretrained(tiny_pair.target)
     m = AutoModelForCausalLM.from_pretrained(tiny_pair.target, dtype=torch.float32).eval()
@@ -42,9 +42,9 @@ def test_modelopt_tp2_reassembles_to_tp1(tiny_pair, sq_model, tmp_path: Path, qu
     model = sq_model if quantized else AutoModelForCausalLM.from_pretrained(tiny_pair.target, dtype=torch.float32)
     outs = {}
     for tp in (1, 2):
-        spec = BuildSpec(dtype="bfloat16", tp_size=tp)
+        opts = BuildOptions(dtype="bfloat16", tp_size=tp)
         outs[tp] = tmp_path / f"tp{tp}"
-        cfg = ex.export_modelopt(model, "LlamaForCausalLM", tiny_pair.target, outs[tp], spec, {})
+        cfg = ex.export_modelopt(model, "LlamaForCausalLM", tiny_pair.target, outs[tp], opts, {})
         assert cfg["mapping"]["tp_size"] == tp
     assert (outs[2] / "rank1.safetensors").is_file() and not (outs[2] / "quant_cfg.json").exists()
     cfg1, s1 = load_checkpoint_state(outs[1])
@@ -59,8 +59,8 @@ def test_modelopt_tp2_reassembles_to_tp1(tiny_pair, sq_model, tmp_path: Path, qu
 
 
 def test_own_shard_roundtrip_and_values(tiny_pair, tmp_path: Path) -> None:  # noqa: ANN001
-    spec = BuildSpec(dtype="float32", tp_size=2)
-    ex.write_unquantized(tiny_pair.target, "LlamaForCausalLM", tmp_path / "c", spec, {})
+    opts = BuildOptions(dtype="float32", tp_size=2)
+    ex.write_unquantized(tiny_pair.target, "LlamaForCausalLM", tmp_path / "c", opts, {})
     cfg, state = load_checkpoint_state(tmp_path / "c")
     from dspark_trt.runtime.hf_loader import hf_to_trtllm_names, load_config
     from safetensors.torch import load_file
@@ -80,13 +80,13 @@ def test_own_shard_roundtrip_and_values(tiny_pair, tmp_path: Path) -> None:  # n
 
 def test_tp_must_divide(tiny_pair, tmp_path: Path) -> None:  # noqa: ANN001
     with pytest.raises(BuildError, match="--tp-size 4 does not divide the key/value heads"):
-        ex.write_unquantized(tiny_pair.target, "LlamaForCausalLM", tmp_path / "c", BuildSpec(dtype="float32", tp_size=4), {})
+        ex.write_unquantized(tiny_pair.target, "LlamaForCausalLM", tmp_path / "c", BuildOptions(dtype="float32", tp_size=4), {})
 
 
 def test_inconsistent_ranks_fail(tiny_pair, tmp_path: Path) -> None:  # noqa: ANN001
     from dspark_trt.errors import CheckpointError
 
-    ex.write_unquantized(tiny_pair.target, "LlamaForCausalLM", tmp_path / "c", BuildSpec(dtype="float32", tp_size=2), {})
+    ex.write_unquantized(tiny_pair.target, "LlamaForCausalLM", tmp_path / "c", BuildOptions(dtype="float32", tp_size=2), {})
     cfg = json.loads((tmp_path / "c" / "config.json").read_text())
     from safetensors.torch import load_file
 

@@ -1,5 +1,5 @@
 """Every trtllm-build flag, BuildConfig/PluginConfig key, QuantAlgo and checkpoint config key we emit is a
-TensorRT-LLM 1.2.1 name (tests/build/trtllm_1_2_1_names.json, read from the 1.2.x sources)."""
+TensorRT-LLM 1.2.1 name (tests/builder/trtllm_1_2_1_names.json, read from the 1.2.x sources)."""
 from __future__ import annotations
 
 import json
@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from dspark_trt.build import trtllm
-from dspark_trt.build.spec import KV_QUANT_ALGO, QUANT_ALGO, BuildSpec
+from dspark_trt.builder import trtllm
+from dspark_trt.builder.options import KV_QUANT_ALGO, QUANT_ALGO, BuildOptions
 
 NAMES = json.loads((Path(__file__).parent / "trtllm_1_2_1_names.json").read_text())
 ALGOS = [None, "FP8", "W8A8_SQ_PER_CHANNEL", "W8A16"]
-SPECS = [BuildSpec(), BuildSpec(kv_quant="fp8", tp_size=2, max_draft_len=5, dtype="float16")]
+OPTIONS = [BuildOptions(), BuildOptions(kv_quant="fp8", tp_size=2, max_draft_len=5, dtype="float16")]
 
 
 def _parse(argv: list[str]) -> dict[str, str | None]:
@@ -34,11 +34,11 @@ def _parse(argv: list[str]) -> dict[str, str | None]:
     return out
 
 
-@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("opts", OPTIONS)
 @pytest.mark.parametrize("role", ["target", "draft"])
 @pytest.mark.parametrize("algo", ALGOS)
-def test_trtllm_build_flags_are_121_names(spec: BuildSpec, role: str, algo: str | None) -> None:
-    flags = _parse(trtllm.trtllm_build_command(Path("c"), Path("e"), spec, role, algo))
+def test_trtllm_build_flags_are_121_names(opts: BuildOptions, role: str, algo: str | None) -> None:
+    flags = _parse(trtllm.trtllm_build_command(Path("c"), Path("e"), opts, role, algo))
     for flag, value in flags.items():
         assert flag in NAMES["trtllm_build_flags"], flag
         if flag in NAMES["flag_choices"]:
@@ -47,7 +47,7 @@ def test_trtllm_build_flags_are_121_names(spec: BuildSpec, role: str, algo: str 
             assert int(value) > 0 or flag == "--max_draft_len", (flag, value)
     if role == "target":  # the draft/target recipe (examples/draft_target_model/README.md)
         assert flags["--speculative_decoding_mode"] == "draft_tokens_external"
-        assert int(flags["--max_draft_len"]) == spec.max_draft_len
+        assert int(flags["--max_draft_len"]) == opts.max_draft_len
         assert flags["--use_paged_context_fmha"] == "enable"
         assert set(NAMES["draft_target_recipe"]["target_flags"]) <= set(flags)
     else:
@@ -56,11 +56,11 @@ def test_trtllm_build_flags_are_121_names(spec: BuildSpec, role: str, algo: str 
     assert int(flags["--max_input_len"]) <= int(flags["--max_seq_len"])
 
 
-@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("opts", OPTIONS)
 @pytest.mark.parametrize("role", ["target", "draft"])
 @pytest.mark.parametrize("algo", ALGOS)
-def test_build_config_keys_are_121_names(spec: BuildSpec, role: str, algo: str | None) -> None:
-    bc = trtllm.build_config_json(spec, role, algo)
+def test_build_config_keys_are_121_names(opts: BuildOptions, role: str, algo: str | None) -> None:
+    bc = trtllm.build_config_json(opts, role, algo)
     assert set(bc) <= set(NAMES["build_config_fields"]), set(bc) - set(NAMES["build_config_fields"])
     pc = bc["plugin_config"]
     assert set(pc) <= set(NAMES["plugin_config_fields"]), set(pc) - set(NAMES["plugin_config_fields"])
@@ -70,7 +70,7 @@ def test_build_config_keys_are_121_names(spec: BuildSpec, role: str, algo: str |
     assert bc["kv_cache_type"] in NAMES["kv_cache_type_names"]
     modes = NAMES["speculative_decoding_mode_values"]
     assert bc["speculative_decoding_mode"] == (modes["DRAFT_TOKENS_EXTERNAL"] if role == "target" else modes["NONE"])
-    assert bc["max_draft_len"] == (spec.max_draft_len if role == "target" else 0)
+    assert bc["max_draft_len"] == (opts.max_draft_len if role == "target" else 0)
 
 
 def test_quant_algo_names_are_121_names() -> None:
@@ -82,17 +82,17 @@ def test_only_trtllm_py_imports_tensorrt_llm() -> None:
     root = Path(__file__).resolve().parents[2] / "dspark_trt"
     pat = re.compile(r"^\s*(import tensorrt_llm|from tensorrt_llm)", re.M)
     offenders = [str(p.relative_to(root)) for p in root.rglob("*.py") if pat.search(p.read_text())]
-    assert offenders == ["build/trtllm.py"]
+    assert offenders == ["builder/trtllm.py"]
     # and lazily: no module-level import there
-    top = [ln for ln in (root / "build" / "trtllm.py").read_text().splitlines() if re.match(r"(import|from) tensorrt_llm", ln)]
+    top = [ln for ln in (root / "builder" / "trtllm.py").read_text().splitlines() if re.match(r"(import|from) tensorrt_llm", ln)]
     assert top == []
 
 
 def test_engine_plan_without_trtllm(tmp_path: Path) -> None:
     assert trtllm.trtllm_version() is None  # this machine has no TensorRT-LLM
     engines = tmp_path / "b" / "engines"
-    spec = BuildSpec(max_draft_len=5)
-    facts = trtllm.build_engines(engines, spec, tmp_path / "b/target/checkpoint", tmp_path / "b/draft/checkpoint",
+    opts = BuildOptions(max_draft_len=5)
+    facts = trtllm.build_engines(engines, opts, tmp_path / "b/target/checkpoint", tmp_path / "b/draft/checkpoint",
                                  "lm", "FP8", "FP8")
     assert facts["built"] is False and "not importable" in facts["reason"]
     assert "NOT built" in (engines / "NOT_BUILT.txt").read_text()
@@ -106,7 +106,7 @@ def test_engine_plan_without_trtllm(tmp_path: Path) -> None:
     tgt = json.loads((engines / "target.build_config.json").read_text())
     assert tgt["max_draft_len"] == 5 and tgt["speculative_decoding_mode"] == 2
     # a DSpark drafter has no TRT-LLM model class: no draft command, and it says why
-    facts = trtllm.build_engines(tmp_path / "c" / "engines", spec, tmp_path / "t", tmp_path / "d", "dspark", None, None)
+    facts = trtllm.build_engines(tmp_path / "c" / "engines", opts, tmp_path / "t", tmp_path / "d", "dspark", None, None)
     script = (tmp_path / "c/engines/build_engines.sh").read_text()
     assert script.count("trtllm-build --") == 1 and "DSparkDrafter" in script
     assert "not buildable" in facts["draft_engine"]
@@ -122,18 +122,18 @@ def test_exported_checkpoint_keys_are_121_names(tiny_pair, tmp_path: Path, which
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from dspark_trt.build import calib, export, quantize
+    from dspark_trt.builder import calib, export, quantize
 
     src = tiny_pair.qwen2 if which == "qwen2" else tiny_pair.target
     arch = "Qwen2ForCausalLM" if which == "qwen2" else "LlamaForCausalLM"
     out = tmp_path / "ckpt"
     if which == "target32":
-        cfg = export.write_unquantized(src, arch, out, BuildSpec(dtype="float32"), {})
+        cfg = export.write_unquantized(src, arch, out, BuildOptions(dtype="float32"), {})
     else:
         m = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
         if quant != "none":
             quantize.quantize_hf(m, quant, "fp8", calib.calibration_batches(AutoTokenizer.from_pretrained(src), 2, 32))
-        cfg = export.export_modelopt(m, arch, src, out, BuildSpec(dtype="bfloat16", quant=quant), {})
+        cfg = export.export_modelopt(m, arch, src, out, BuildOptions(dtype="bfloat16", quant=quant), {})
     known = set(NAMES["pretrained_config_keys"]) | set(NAMES["llama_config_keys"]) | set(NAMES["qwen_config_keys"])
     assert set(cfg) - known - MODELOPT_EXTRAS == set()
     assert {"architecture", "dtype", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

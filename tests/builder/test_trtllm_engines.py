@@ -16,11 +16,11 @@ pytestmark = [pytest.mark.trtllm, pytest.mark.gpu,
 
 
 def test_engines_are_built(tiny_pair, tmp_path: Path) -> None:  # noqa: ANN001
-    from dspark_trt.build.pipeline import run_build
-    from dspark_trt.build.spec import BuildSpec
+    from dspark_trt.builder.pipeline import run_build
+    from dspark_trt.builder.options import BuildOptions
 
     out = tmp_path / "tiny"
-    manifest = run_build(BuildSpec(target=str(tiny_pair.target), draft=str(tiny_pair.draft), dtype="float16",
+    manifest = run_build(BuildOptions(target=str(tiny_pair.target), draft=str(tiny_pair.draft), dtype="float16",
                                    max_draft_len=4, max_batch_size=2, max_seq_len=256, output=str(out),
                                    bench=False), quiet=True)
     facts = manifest["stages"]["engines"]["outputs"]

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dspark_trt.build.spec import BuildSpec
-from dspark_trt.build.validate import validate
+from dspark_trt.builder.options import BuildOptions
+from dspark_trt.builder.validate import validate
 from dspark_trt.errors import (BuildError, CheckpointError, InvalidArgumentError, UnsupportedArchitectureError,
                                VocabularyMismatchError)
 
@@ -18,8 +18,8 @@ def _copy(src: Path, dst: Path) -> Path:
     return dst
 
 
-def _spec(tiny_pair, tmp_path: Path, target: Path | None = None, draft: Path | None = None) -> BuildSpec:  # noqa: ANN001
-    return BuildSpec(target=str(target or tiny_pair.target), draft=str(draft or tiny_pair.draft),
+def _spec(tiny_pair, tmp_path: Path, target: Path | None = None, draft: Path | None = None) -> BuildOptions:  # noqa: ANN001
+    return BuildOptions(target=str(target or tiny_pair.target), draft=str(draft or tiny_pair.draft),
                      output=str(tmp_path / "out"))
 
 
@@ -103,10 +103,10 @@ def test_not_enough_disk(tiny_pair, tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 
 def test_dspark_drafter_vocab_checked(tiny_pair, tiny_dspark: Path, tmp_path: Path) -> None:  # noqa: ANN001
-    spec = _spec(tiny_pair, tmp_path, draft=tiny_dspark)
+    opts = _spec(tiny_pair, tmp_path, draft=tiny_dspark)
     with pytest.raises(BuildError, match="--max-draft-len 7 exceeds the DSpark drafter's block size 4"):
-        validate(spec, tmp_path / "out")
-    v = validate(spec.replace(max_draft_len=4), tmp_path / "out")
+        validate(opts, tmp_path / "out")
+    v = validate(opts.replace(max_draft_len=4), tmp_path / "out")
     assert v.draft_kind == "dspark"
     d = _copy(tiny_dspark, tmp_path / "d")
     cfg = json.loads((d / "config.json").read_text())
@@ -129,4 +129,4 @@ def test_cli_reports_error_without_traceback(tiny_pair, tmp_path: Path, capsys: 
                                         ({"kv_quant": "int8"}, "--kv-quant"), ({"max_seq_len": 4}, "--max-seq-len")])
 def test_bad_options(kw: dict, needle: str) -> None:
     with pytest.raises(InvalidArgumentError, match=needle):
-        BuildSpec(**kw)
+        BuildOptions(**kw)

@@ -56,7 +56,7 @@ class Reference:
     """In-process greedy generation on the same build with the plain policy (what `generate --engine-dir` runs)."""
 
     def __init__(self, build: Path) -> None:
-        from dspark_trt.build.artifacts import load_built_pair
+        from dspark_trt.builder.artifacts import load_built_pair
         from dspark_trt.runtime.backend import SpecBackend
 
         self.pair = load_built_pair(build)
