@@ -93,7 +93,7 @@ def shapes(full: list[tuple], small: list[tuple]) -> list[tuple]:
 
 def parity_accept() -> dict[str, Any]:
     from dspark_trt.spec_decode import accept as ref
-    from plugins import api
+    from dspark_trt.kernels import api
 
     base = shapes([(1, 0, 49152, torch.bfloat16), (8, 4, 49152, torch.bfloat16), (64, 8, 49152, torch.bfloat16),
                    (16, 7, 128256, torch.bfloat16), (4, 5, 5000, torch.float32), (33, 3, 128256, torch.float32)],
@@ -120,8 +120,8 @@ def parity_accept() -> dict[str, Any]:
 
 
 def parity_block_draft() -> dict[str, Any]:
-    from plugins import api
-    from plugins.block_draft import reference as R
+    from dspark_trt.kernels import api
+    from dspark_trt.kernels.block_draft import reference as R
 
     rows, fails = [], 0
     cases = shapes([(4, 7, 49152, 64, torch.bfloat16), (20, 5, 8192, 256, torch.float32),
@@ -197,7 +197,7 @@ def _time_cuda(fn: Callable[[], Any], iters: int) -> float:
 
 
 def bandwidth() -> dict[str, Any]:
-    from plugins import api
+    from dspark_trt.kernels import api
 
     if SMOKE:
         return {"status": "skipped", "reason": "smoke mode (CPU): no bandwidth measurement"}
@@ -229,9 +229,9 @@ def bandwidth() -> dict[str, Any]:
 
 
 def _tile_sweep(peak: float) -> list[dict[str, Any]]:
-    """GB/s of the stats tile/warp/program-count choices at one large shape (tunes plugins/fused_accept/launch.py)."""
-    from plugins import api
-    from plugins.fused_accept import launch
+    """GB/s of the stats tile/warp/program-count choices at one large shape (tunes dspark_trt/kernels/fused_accept/launch.py)."""
+    from dspark_trt.kernels import api
+    from dspark_trt.kernels.fused_accept import launch
 
     saved = (launch.BLOCK_V, launch.NUM_WARPS, launch.TARGET_PROGRAMS)
     logits = torch.randn(64, 9, 128256, device="cuda", dtype=torch.bfloat16)
@@ -255,8 +255,8 @@ def _tile_sweep(peak: float) -> list[dict[str, Any]]:
 
 def markov_timing() -> dict[str, Any]:
     """ms per γ = 7 block of the one-launch vs the split Markov kernels (Vd 49152, r 256, bf16 weights)."""
-    from plugins import api
-    from plugins.block_draft import launch
+    from dspark_trt.kernels import api
+    from dspark_trt.kernels.block_draft import launch
 
     if SMOKE:
         return {"status": "skipped", "reason": "smoke mode (CPU): no timing"}

@@ -1,7 +1,7 @@
 """The one dispatch point between the runtime and the kernels.
 
-Owns the routing decision only: CUDA tensors + importable OpenAI Triton → plugins/ kernels;
-anything else → the torch reference (dspark_trt.spec_decode.accept for acceptance; plugins/block_draft/reference.py,
+Owns the routing decision only: CUDA tensors + importable OpenAI Triton → dspark_trt/kernels/ kernels;
+anything else → the torch reference (dspark_trt.spec_decode.accept for acceptance; dspark_trt/kernels/block_draft/reference.py,
 written in the DSpark drafter's own terms, for the Markov block). It holds no algorithm code of its own and
 never imports tensorrt. The reference modules are imported lazily so this file imports before they exist.
 """
@@ -115,7 +115,7 @@ def accept(
     dev = logits.device
     fused = use_kernels(logits) and (greedy or all(s.top_p >= 1.0 for s in sampling))
     if fused:
-        from plugins import api  # local import: keeps triton out of CPU-only imports
+        from dspark_trt.kernels import api  # local import: keeps triton out of CPU-only imports
 
         draft, k = draft.to(dev), k.to(dev)
         if greedy:
@@ -148,7 +148,7 @@ def markov_block(
     w_conf: torch.Tensor | None = None,  # [r] f32: the W1 half of the confidence weight
     conf_temp: torch.Tensor | None = None,  # [γ] f32 confidence temperatures
 ) -> Any:
-    """γ DSpark Markov steps left to right → plugins.block_draft.reference.MarkovBlock(tokens [B, γ] target ids,
+    """γ DSpark Markov steps left to right → dspark_trt.kernels.block_draft.reference.MarkovBlock(tokens [B, γ] target ids,
     q [B, γ, Vd] f32 over the draft vocabulary, conf [B, γ] | None). One kernel launch on CUDA (top_p = 1);
     the torch reference (same semantics, incl. the STREAM_DRAFT exponential race) elsewhere."""
     if backbone_logits.dim() != 3 or backbone_logits.shape[0] != len(sampling):
@@ -162,9 +162,9 @@ def markov_block(
     extra = dict(d2t=_on(d2t, dev), conf_bias=_on(conf_bias, dev), w_conf=_on(w_conf, dev),
                  conf_temp=_on(conf_temp, dev))
     if use_kernels(backbone_logits, w1, w2) and all(s.top_p >= 1.0 for s in sampling):
-        from plugins import api
+        from dspark_trt.kernels import api
 
         return api.markov_block(backbone_logits, anchor, w1, w2, temperature, seeds, positions, **extra)
-    from plugins.block_draft import reference
+    from dspark_trt.kernels.block_draft import reference
 
     return reference.markov_block(backbone_logits, anchor, w1, w2, temperature, seeds, positions, top_p, **extra)

@@ -17,10 +17,10 @@ import _fake_trt  # noqa: E402
 
 _fake_trt.install()
 
-from plugins import trt as all_trt  # noqa: E402
-from plugins.block_draft import trt as bd  # noqa: E402
-from plugins.block_draft.split import compile_split  # noqa: E402
-from plugins.fused_accept import trt as fa  # noqa: E402
+from dspark_trt.kernels import trt as all_trt  # noqa: E402
+from dspark_trt.kernels.block_draft import trt as bd  # noqa: E402
+from dspark_trt.kernels.block_draft.split import compile_split  # noqa: E402
+from dspark_trt.kernels.fused_accept import trt as fa  # noqa: E402
 
 D = _fake_trt.TensorDesc
 
@@ -28,7 +28,7 @@ D = _fake_trt.TensorDesc
 def _aot_row(plugin_id: str, result: tuple, user_params: int) -> dict:
     name, ptx, lp, extra = result
     ptx_s = ptx.decode()
-    from plugins.aot import ptx_entry_params
+    from dspark_trt.kernels.aot import ptx_entry_params
 
     params = ptx_entry_params(ptx_s, name.decode())
     m = re.search(r"\.reqntid\s+(\d+)", ptx_s)

@@ -15,8 +15,8 @@ import pytest
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-_KERNEL_MODULES = ("plugins._rng", "plugins.fused_accept.kernel", "plugins.fused_accept.launch",
-                   "plugins.block_draft.kernel", "plugins.block_draft.launch", "plugins.api")
+_KERNEL_MODULES = ("dspark_trt.kernels._rng", "dspark_trt.kernels.fused_accept.kernel", "dspark_trt.kernels.fused_accept.launch",
+                   "dspark_trt.kernels.block_draft.kernel", "dspark_trt.kernels.block_draft.launch", "dspark_trt.kernels.api")
 
 
 def _is_interpreted(mod: ModuleType, attr: str) -> bool:
@@ -25,14 +25,14 @@ def _is_interpreted(mod: ModuleType, attr: str) -> bool:
 
 @pytest.fixture(scope="session")
 def interpreted_kernels() -> ModuleType:
-    """plugins.api with every kernel in interpreter mode (reloaded if needed)."""
+    """dspark_trt.kernels.api with every kernel in interpreter mode (reloaded if needed)."""
     os.environ["TRITON_INTERPRET"] = "1"
-    fa = importlib.import_module("plugins.fused_accept.kernel")
+    fa = importlib.import_module("dspark_trt.kernels.fused_accept.kernel")
     if not _is_interpreted(fa, "accept_stats_kernel"):
         for name in _KERNEL_MODULES:
             if name in sys.modules:
                 importlib.reload(sys.modules[name])
-    api = importlib.import_module("plugins.api")
-    assert _is_interpreted(importlib.import_module("plugins.fused_accept.kernel"), "accept_stats_kernel")
-    assert _is_interpreted(importlib.import_module("plugins.block_draft.kernel"), "markov_block_kernel")
+    api = importlib.import_module("dspark_trt.kernels.api")
+    assert _is_interpreted(importlib.import_module("dspark_trt.kernels.fused_accept.kernel"), "accept_stats_kernel")
+    assert _is_interpreted(importlib.import_module("dspark_trt.kernels.block_draft.kernel"), "markov_block_kernel")
     return api

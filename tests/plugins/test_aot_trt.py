@@ -1,7 +1,7 @@
 """AOT compilation for sm_90 and the TensorRT QDP contract, checked without a GPU and without TensorRT.
 
 One subprocess (TRITON_INTERPRET unset) compiles every kernel with triton.compile(ASTSource, GPUTarget("cuda",
-90, 32)) and drives plugins/*/trt.py through a fake tensorrt.plugin (tests/plugins/_fake_trt.py); the tests
+90, 32)) and drives dspark_trt/kernels/*/trt.py through a fake tensorrt.plugin (tests/plugins/_fake_trt.py); the tests
 check its JSON report against the declared specs.
 """
 from __future__ import annotations
@@ -31,8 +31,8 @@ def probe() -> dict:
 
 
 def test_plugin_ids_namespace_version() -> None:
-    from plugins import _trt
-    from plugins.trt import ALL_SPECS
+    from dspark_trt.kernels import _trt
+    from dspark_trt.kernels.trt import ALL_SPECS
 
     assert _trt.NAMESPACE == "dspark" and _trt.VERSION == "1"
     assert [s.plugin_id for s in ALL_SPECS] == ["dspark::accept_stats", "dspark::accept_finalize",
@@ -40,8 +40,8 @@ def test_plugin_ids_namespace_version() -> None:
 
 
 def test_io_specs_and_dtypes() -> None:
-    from plugins.block_draft.trt import MARKOV
-    from plugins.fused_accept.trt import FINALIZE, STATS
+    from dspark_trt.kernels.block_draft.trt import MARKOV
+    from dspark_trt.kernels.fused_accept.trt import FINALIZE, STATS
 
     assert [i.name for i in STATS.inputs] == ["logits", "k", "temperature"]
     assert STATS.inputs[0].dtypes == ("bfloat16", "float32", "float16")
@@ -54,8 +54,8 @@ def test_io_specs_and_dtypes() -> None:
 
 def test_kernel_signatures_follow_qdp_abi() -> None:
     """Kernel parameters: every input pointer, then the int32 scalars, then every output pointer."""
-    from plugins.block_draft import trt as bd
-    from plugins.fused_accept import trt as fa
+    from dspark_trt.kernels.block_draft import trt as bd
+    from dspark_trt.kernels.fused_accept import trt as fa
 
     for spec, sig in ((fa.STATS, fa.kernel_signature(fa.STATS)), (fa.FINALIZE, fa.kernel_signature(fa.FINALIZE)),
                       (bd.MARKOV, bd.kernel_signature())):
@@ -66,7 +66,7 @@ def test_kernel_signatures_follow_qdp_abi() -> None:
 
 
 def test_register_without_tensorrt_is_a_clear_build_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from plugins import _trt
+    from dspark_trt.kernels import _trt
 
     monkeypatch.setitem(sys.modules, "tensorrt", None)  # makes `import tensorrt` fail
     with pytest.raises(BuildError, match="TensorRT"):
@@ -80,7 +80,7 @@ def test_every_plugin_compiles_for_sm90(probe: dict) -> None:
     for row in probe["rows"]:
         assert row["target_sm90"], row
         # the QDP PTX declares exactly inputs + int32 scalars + outputs: Triton's 2 unused scratch pointers
-        # (which TensorRT would not pass) are stripped by plugins.aot.qdp_ptx
+        # (which TensorRT would not pass) are stripped by dspark_trt.kernels.aot.qdp_ptx
         assert row["ptx_params"] == row["user_params"], row
         assert row["reqntid"] == row["block_x"], row
         assert row["ptxas"] in ("ok", "absent"), row["ptxas"]
@@ -88,7 +88,7 @@ def test_every_plugin_compiles_for_sm90(probe: dict) -> None:
 
 def test_qdp_schema_matches_specs(probe: dict) -> None:
     """What tensorrt.plugin would parse from the registered functions equals the declared specs."""
-    from plugins.trt import ALL_SPECS
+    from dspark_trt.kernels.trt import ALL_SPECS
 
     for spec in ALL_SPECS:
         got = probe["schema"][spec.plugin_id]
@@ -98,7 +98,7 @@ def test_qdp_schema_matches_specs(probe: dict) -> None:
 
 
 def test_aot_launch_params_match_declarations(probe: dict) -> None:
-    from plugins.fused_accept import trt as fa
+    from dspark_trt.kernels.fused_accept import trt as fa
 
     rows = {r["plugin"]: r for r in probe["rows"]}
     b, kp1, v, splits = 4, 6, 49152, 8
@@ -116,7 +116,7 @@ def test_aot_launch_params_match_declarations(probe: dict) -> None:
 
 
 def test_qdp_ptx_refuses_kernels_that_use_scratch() -> None:
-    from plugins.aot import CompiledKernel, qdp_ptx
+    from dspark_trt.kernels.aot import CompiledKernel, qdp_ptx
 
     ptx = (".visible .entry k(\n\t.param .u64 k_param_0,\n\t.param .u64 k_param_1\n)\n{\n"
            "\tld.param.u64 %rd1, [k_param_1];\n}\n")

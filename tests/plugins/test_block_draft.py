@@ -1,4 +1,4 @@
-"""block_draft kernel (Triton interpreter on CPU) against plugins/block_draft/reference.py, and the reference
+"""block_draft kernel (Triton interpreter on CPU) against dspark_trt/kernels/block_draft/reference.py, and the reference
 against the DSpark drafter's own Markov step (F.linear / nn.Embedding layout, d2t map, confidence head).
 
 Exact tokens; q and confidences within tolerance (bf16 weights: the Markov bias is rounded to bf16 like
@@ -11,7 +11,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from plugins.block_draft import reference as R
+from dspark_trt.kernels.block_draft import reference as R
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::RuntimeWarning")
 

@@ -56,7 +56,7 @@ def test_shape_errors() -> None:
 
 
 def test_markov_block_routes_to_reference() -> None:
-    from plugins.block_draft import reference
+    from dspark_trt.kernels.block_draft import reference
 
     g = torch.Generator().manual_seed(1)
     u, w1, w2 = torch.randn(2, 3, 40, generator=g), torch.randn(40, 4, generator=g), torch.randn(40, 4, generator=g)

@@ -12,9 +12,9 @@ No `from __future__ import annotations` here: tensorrt.plugin inspects the regis
 import logging
 from typing import Tuple
 
-from plugins._trt import IOSpec, PluginSpec, TRITON_PTR, const_dim, import_trt, trt_dtype_name
-from plugins.aot import DEFAULT_ARCH, CompiledKernel, compile_kernel, qdp_ptx
-from plugins.block_draft import launch
+from dspark_trt.kernels._trt import IOSpec, PluginSpec, TRITON_PTR, const_dim, import_trt, trt_dtype_name
+from dspark_trt.kernels.aot import DEFAULT_ARCH, CompiledKernel, compile_kernel, qdp_ptx
+from dspark_trt.kernels.block_draft import launch
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def kernel_signature(u_dtype: str = "float32", w_dtype: str = "bfloat16") -> dic
 def compile_markov(rank: int, u_dtype: str = "float32", w_dtype: str = "bfloat16", has_d2t: bool = False,
                    has_conf: bool = True, arch: int = DEFAULT_ARCH) -> CompiledKernel:
     """PTX/cubin of markov_block_kernel for Markov rank `rank`."""
-    from plugins.block_draft.kernel import markov_block_kernel
+    from dspark_trt.kernels.block_draft.kernel import markov_block_kernel
 
     block_r, block_v = launch.tiles(rank)
     sig = kernel_signature(u_dtype, w_dtype)

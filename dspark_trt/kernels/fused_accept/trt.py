@@ -19,9 +19,9 @@ from typing import Tuple
 
 import triton
 
-from plugins._trt import IOSpec, PluginSpec, TRITON_PTR, const_dim, import_trt, trt_dtype_name
-from plugins.aot import DEFAULT_ARCH, CompiledKernel, compile_kernel, qdp_ptx
-from plugins.fused_accept import launch
+from dspark_trt.kernels._trt import IOSpec, PluginSpec, TRITON_PTR, const_dim, import_trt, trt_dtype_name
+from dspark_trt.kernels.aot import DEFAULT_ARCH, CompiledKernel, compile_kernel, qdp_ptx
+from dspark_trt.kernels.fused_accept import launch
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ def kernel_signature(spec: PluginSpec, logits_dtype: str = "bfloat16") -> dict[s
 
 def compile_stats(logits_dtype: str = "bfloat16", arch: int = DEFAULT_ARCH) -> CompiledKernel:
     """PTX/cubin of accept_stats_kernel as the accept_stats plugin launches it."""
-    from plugins.fused_accept.kernel import accept_stats_kernel
+    from dspark_trt.kernels.fused_accept.kernel import accept_stats_kernel
 
     sig = kernel_signature(STATS, logits_dtype)
     sig["BLOCK_V"] = "constexpr"
@@ -92,7 +92,7 @@ def compile_stats(logits_dtype: str = "bfloat16", arch: int = DEFAULT_ARCH) -> C
 def compile_finalize(logits_dtype: str = "bfloat16", splits: int = 8, sampling: bool = True,
                      arch: int = DEFAULT_ARCH) -> CompiledKernel:
     """PTX/cubin of accept_finalize_kernel for S = splits partials (BLOCK_S = next pow2)."""
-    from plugins.fused_accept.kernel import accept_finalize_kernel
+    from dspark_trt.kernels.fused_accept.kernel import accept_finalize_kernel
 
     sig = kernel_signature(FINALIZE, logits_dtype)
     sig.update({"HAS_Q": "constexpr", "BLOCK_S": "constexpr", "BLOCK_V": "constexpr"})

@@ -14,7 +14,7 @@ import triton
 
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.accept import AcceptResult
-from plugins.fused_accept.kernel import accept_finalize_kernel, accept_stats_kernel
+from dspark_trt.kernels.fused_accept.kernel import accept_finalize_kernel, accept_stats_kernel
 
 log = logging.getLogger(__name__)
 

@@ -13,14 +13,14 @@ Owns two kernels, the launch order and the partial-statistics layout between the
 
 Semantics are spec_decode.accept.greedy_accept / sample_accept (top_p = 1; the launcher routes top-p < 1 elsewhere).
 Knows nothing of torch. Parameter order follows the TensorRT QDP AOT ABI: input pointers, then int32 scalars,
-then output pointers, then constexprs (plugins/fused_accept/trt.py compiles these very functions).
+then output pointers, then constexprs (dspark_trt/kernels/fused_accept/trt.py compiles these very functions).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from plugins import _rng
+from dspark_trt.kernels import _rng
 
 NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
 BIG_IDX: tl.constexpr = tl.constexpr(2147483647)

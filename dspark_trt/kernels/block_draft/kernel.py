@@ -4,7 +4,7 @@ Owns `markov_block_kernel`, grid (B,): program b loops k = 1..γ; each step gath
 streams W2 (nn.Linear layout [Vd, r]) in [BLOCK_R, BLOCK_V] tiles to form x = (U_k + z·W2) / T into the q row
 with an online max/argmax/Σexp, then re-reads that row once to normalise q and run the exponential race
 (STREAM_DRAFT) for sampled rows; the drawn token (mapped through d2t) feeds step k+1. Optional confidence
-c_k = sigmoid((conf_bias_k + z·w_conf) / T_k). Semantics are plugins/block_draft/reference.py (top_p = 1).
+c_k = sigmoid((conf_bias_k + z·w_conf) / T_k). Semantics are dspark_trt/kernels/block_draft/reference.py (top_p = 1).
 Parameter order follows the TensorRT QDP AOT ABI (inputs, int32 scalars, outputs, constexprs).
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from plugins import _rng
+from dspark_trt.kernels import _rng
 
 NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
 BIG_IDX: tl.constexpr = tl.constexpr(2147483647)

@@ -1,6 +1,6 @@
 """Torch launcher for the block_draft kernel (CUDA, or CPU under TRITON_INTERPRET=1).
 
-Owns argument checks, tile choice and output allocation; semantics are plugins/block_draft/reference.py
+Owns argument checks, tile choice and output allocation; semantics are dspark_trt/kernels/block_draft/reference.py
 (same arguments, same MarkovBlock result). Top-p < 1 is not fused (`supports_sampling`); the dispatcher
 sends such batches to the reference.
 """
@@ -12,8 +12,8 @@ import os
 import torch
 import triton
 
-from plugins.block_draft.kernel import markov_block_kernel
-from plugins.block_draft.reference import MarkovBlock, check_shapes
+from dspark_trt.kernels.block_draft.kernel import markov_block_kernel
+from dspark_trt.kernels.block_draft.reference import MarkovBlock, check_shapes
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +64,9 @@ def markov_block(
     if not supports_sampling(top_p):
         from dspark_trt.errors import InvalidArgumentError
 
-        raise InvalidArgumentError("fused markov_block supports top_p = 1 only; use plugins.block_draft.reference")
+        raise InvalidArgumentError("fused markov_block supports top_p = 1 only; use dspark_trt.kernels.block_draft.reference")
     if (impl or choose_impl(b, backbone_logits.is_cuda)) == "split":
-        from plugins.block_draft.split import markov_block_split
+        from dspark_trt.kernels.block_draft.split import markov_block_split
 
         return markov_block_split(backbone_logits, anchor, w1, w2, temperature, seeds, positions, d2t, conf_bias,
                                   w_conf, conf_temp)

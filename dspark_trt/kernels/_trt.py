@@ -1,4 +1,4 @@
-"""What every plugins/<name>/trt.py shares: the lazy tensorrt import, the plugin namespace/version and the
+"""What every dspark_trt/kernels/<name>/trt.py shares: the lazy tensorrt import, the plugin namespace/version and the
 declarative I/O specs that the QDP registration and the CPU contract tests both read.
 
 Owns no kernel. TensorRT is imported only inside `import_trt()`, so this module imports anywhere.

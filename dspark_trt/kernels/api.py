@@ -4,7 +4,7 @@ Owns nothing but the re-export, so the dispatcher has one import and tests one s
 """
 from __future__ import annotations
 
-from plugins.block_draft.launch import markov_block
-from plugins.fused_accept.launch import greedy_accept, sample_accept, supports_sampling
+from dspark_trt.kernels.block_draft.launch import markov_block
+from dspark_trt.kernels.fused_accept.launch import greedy_accept, sample_accept, supports_sampling
 
 __all__ = ["greedy_accept", "sample_accept", "supports_sampling", "markov_block"]

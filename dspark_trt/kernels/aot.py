@@ -81,7 +81,7 @@ def compile_kernel(
     from triton.compiler import ASTSource
 
     if not hasattr(fn, "arg_names") or type(fn).__name__ == "InterpretedFunction":
-        raise RuntimeError("AOT compile needs real triton.jit kernels: unset TRITON_INTERPRET before importing plugins")
+        raise RuntimeError("AOT compile needs real triton.jit kernels: unset TRITON_INTERPRET before importing dspark_trt.kernels")
     missing = [a for a in fn.arg_names if a not in signature]
     if missing:
         raise ValueError(f"signature misses parameters {missing} of {fn.__name__}")

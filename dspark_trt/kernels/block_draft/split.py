@@ -7,7 +7,7 @@ every step (B × Vd × r reads per step). Here each step is two launches:
      to the q row, per (request, tile) partial (max, lowest argmax, Σexp).
   B. `markov_pick_kernel`, grid (B,): merge the tile partials, one pass over the row to normalise q and run the
      STREAM_DRAFT exponential race (sampled rows), write the token (through d2t), the next x_{k-1} and c_k.
-Semantics are plugins/block_draft/reference.py, like kernel.py (top_p = 1). Not a TensorRT plugin (the engine
+Semantics are dspark_trt/kernels/block_draft/reference.py, like kernel.py (top_p = 1). Not a TensorRT plugin (the engine
 path uses the one-launch kernel). Owns these two kernels and their launcher.
 """
 from __future__ import annotations
@@ -16,9 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from plugins import _rng
-from plugins.block_draft.kernel import write_q_and_race
-from plugins.block_draft.reference import MarkovBlock, check_shapes
+from dspark_trt.kernels import _rng
+from dspark_trt.kernels.block_draft.kernel import write_q_and_race
+from dspark_trt.kernels.block_draft.reference import MarkovBlock, check_shapes
 
 NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
 BIG_IDX: tl.constexpr = tl.constexpr(2147483647)
@@ -195,7 +195,7 @@ def markov_block_split(
 
 def compile_split(rank: int = 256, u_dtype: str = "fp32", w_dtype: str = "bf16", arch: int = 90) -> tuple[str, str]:
     """AOT-compile both split kernels for sm_`arch` (a CI check that they build for the GPU); → entry names."""
-    from plugins.aot import compile_kernel
+    from dspark_trt.kernels.aot import compile_kernel
 
     block_r = max(16, triton.next_power_of_2(rank))
     i32 = "i32"
