@@ -1,4 +1,4 @@
-"""Stage 5, model repository: fill the serve engineer's model_repo/ templates into build/NAME/model_repo.
+"""Stage 5, model repository: fill the Triton templates of dspark_trt/model_repo/ into build/NAME/model_repo.
 
 Owns the `${KEY}` substitution (keys per docs/CONTRACTS.md: BUILD_DIR, MAX_BATCH_SIZE, GAMMA, POLICY, MIN_K,
 MAX_K, MAX_SEQ_LEN, MAX_QUEUE) over every config.pbtxt; other files are copied verbatim. An unknown key,
@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 TEMPLATE_KEYS: tuple[str, ...] = ("BUILD_DIR", "MAX_BATCH_SIZE", "GAMMA", "POLICY", "MIN_K", "MAX_K", "MAX_SEQ_LEN",
                                   "MAX_QUEUE")
-TEMPLATE_DIR = Path(__file__).resolve().parents[2] / "model_repo"
+TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "model_repo"  # package data: dspark_trt/model_repo/
 _KEY = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 FILLED_SUFFIXES = (".pbtxt",)
 
@@ -29,13 +29,20 @@ def template_values(opts: BuildOptions, build_dir: Path) -> dict[str, str]:
             "MAX_K": str(opts.effective_max_k), "MAX_SEQ_LEN": str(opts.max_seq_len), "MAX_QUEUE": str(opts.max_queue)}
 
 
+def template_files(template: Path = TEMPLATE_DIR) -> list[Path]:
+    """Every template file and directory, sorted; bytecode caches (pip byte-compiles 1/model.py) skipped."""
+    if not template.is_dir():
+        return []
+    return [p for p in sorted(template.rglob("*")) if "__pycache__" not in p.parts and p.suffix != ".pyc"]
+
+
 def fill_text(text: str, values: dict[str, str], where: str) -> str:
     """Substitute ${KEY}; BuildError on an unknown key or a `${` left over."""
     def sub(m: re.Match[str]) -> str:
         key = m.group(1)
         if key not in values:
             raise BuildError(f"Unknown template key ${{{key}}} in {where}; known keys: {', '.join(sorted(values))}. "
-                             f"Fix the template (model_repo/ is the serve engineer's) or add the key to the contract.")
+                             f"Fix the template (in dspark_trt/model_repo/) or add the key to TEMPLATE_KEYS.")
         return values[key]
 
     out = _KEY.sub(sub, text)
@@ -49,7 +56,8 @@ def fill_text(text: str, values: dict[str, str], where: str) -> str:
 def fill_model_repo(opts: BuildOptions, build_dir: Path, template: Path = TEMPLATE_DIR) -> dict[str, object]:
     """Copy + fill template → build_dir/model_repo (replaced atomically); returns manifest facts."""
     if not template.is_dir():
-        raise BuildError(f"The model repository templates are missing at {template}; restore model_repo/ from git.")
+        raise BuildError(f"The model repository templates are missing at {template}; reinstall dspark_trt "
+                         f"(the templates ship as package data in dspark_trt/model_repo/).")
     values = template_values(opts, build_dir)
     dest = Path(build_dir) / "model_repo"
     tmp = Path(build_dir) / ".model_repo.tmp"
@@ -57,9 +65,7 @@ def fill_model_repo(opts: BuildOptions, build_dir: Path, template: Path = TEMPLA
         shutil.rmtree(tmp)
     filled: list[str] = []
     try:
-        for src in sorted(template.rglob("*")):
-            if "__pycache__" in src.parts or src.suffix == ".pyc":
-                continue
+        for src in template_files(template):
             rel = src.relative_to(template)
             dst = tmp / rel
             if src.is_dir():

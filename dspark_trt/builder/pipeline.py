@@ -102,11 +102,10 @@ class BuildPipeline:
             "max_draft_len", "max_batch_size", "max_seq_len", "build_engines")}})
         if not self._skip("engines", engines_key):
             self._engines(pair, engines_key)
-        from dspark_trt.builder.model_repo import TEMPLATE_DIR, fill_model_repo, template_values
+        from dspark_trt.builder.model_repo import TEMPLATE_DIR, fill_model_repo, template_files, template_values
 
-        repo_key = hash_json({"templates": {str(p.relative_to(TEMPLATE_DIR)): hash_file(p)
-                                            for p in sorted(TEMPLATE_DIR.rglob("*")) if p.is_file() and p.suffix != ".pyc"}
-                              if TEMPLATE_DIR.is_dir() else {}, "values": template_values(opts, self.out)})
+        repo_key = hash_json({"templates": {str(p.relative_to(TEMPLATE_DIR)): hash_file(p) for p in template_files()
+                                            if p.is_file()}, "values": template_values(opts, self.out)})
         if not self._skip("model_repo", repo_key):
             st = _Stage("model_repo", 1, self.quiet)
             facts = fill_model_repo(opts, self.out)

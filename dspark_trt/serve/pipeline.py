@@ -41,7 +41,7 @@ class ServeConfig:
                        max_seq_len=int(raw["MAX_SEQ_LEN"]), max_queue=int(raw["MAX_QUEUE"]))
         except (KeyError, ValueError) as exc:
             raise ServeError(f"config.pbtxt of {model_config.get('name')!r} lacks parameter {exc} or it is not a "
-                             "number; rebuild the repository with `dspark-trt build` (templates in model_repo/)") from exc
+                             "number; rebuild the repository with `dspark-trt build` (templates in dspark_trt/model_repo/)") from exc
 
     def limits(self, vocab_size: int) -> ServeLimits:
         return ServeLimits(max_seq_len=self.max_seq_len, max_batch=self.max_batch, gamma=self.gamma,

@@ -1,4 +1,4 @@
-"""The logic behind model_repo/*/1/model.py: each TritonPythonModel there subclasses one class here and sets
+"""The logic behind dspark_trt/model_repo/*/1/model.py: each TritonPythonModel there subclasses one class here and sets
 `pb = triton_python_backend_utils` (only importable inside the python-backend stub, hence passed in).
 
 Owns tensor plumbing between Triton and dspark_trt: reading optional inputs, error responses (a DsparkError

@@ -1,4 +1,4 @@
-"""Template filling of model_repo/: every key per the contract, unknown keys and leftover `${` fail."""
+"""Template filling of dspark_trt/model_repo/: every key per the contract, unknown keys and leftover `${` fail."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,7 +30,7 @@ def test_fill_text() -> None:
 
 
 def test_real_templates_fill_completely(tmp_path: Path) -> None:
-    assert TEMPLATE_DIR.is_dir(), "model_repo/ templates (serve engineer's) are missing"
+    assert TEMPLATE_DIR.is_dir(), "the dspark_trt/model_repo/ templates are missing"
     facts = fill_model_repo(SPEC, tmp_path)
     repo = tmp_path / "model_repo"
     pbtxt = sorted(repo.rglob("config.pbtxt"))
