@@ -1,8 +1,8 @@
-"""`SpeculativeDecodingEngine`: the seed-003 Python API over the reference runtime and spec_decode.loop.
+"""`SpeculativeDecodingEngine`: the article's Python API over the reference runtime and spec_decode.loop.
 
 Owns argument validation (InvalidArgumentError naming the argument and its valid range), turning what the
 user passes (Hugging Face model objects, checkpoint directories, runtime CausalLM / Drafter objects) into a
-runtime backend, the vocabulary check between draft and target (VocabularyMismatchError), mapping the seed's
+runtime backend, the vocabulary check between draft and target (VocabularyMismatchError), mapping the article's
 knobs (draft_length, use_confidence_scheduling, confidence_threshold) onto spec policies, and the `.stats`
 dict. The algorithm lives in dspark_trt.spec_decode; model execution in dspark_trt.runtime (imported lazily).
 
@@ -26,7 +26,8 @@ from dspark_trt.errors import InvalidArgumentError, VocabularyMismatchError
 from dspark_trt.spec_decode.loop import GenerateResult, LoopConfig
 from dspark_trt.spec_decode.loop import generate as loop_generate
 from dspark_trt.spec_decode.protocols import SamplingParams
-from dspark_trt.spec_decode.scheduler import POLICIES, CostTable, PolicyConfig
+from dspark_trt.spec_decode.policies import POLICIES, resolve_policy_alias
+from dspark_trt.spec_decode.scheduler import CostTable, PolicyConfig
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +144,7 @@ class _Timed:
 
 
 class SpeculativeDecodingEngine:
-    """DSpark speculative decoding for one request at a time (seed 003 API); lossless w.r.t. the target.
+    """DSpark speculative decoding for one request at a time (the article's API); lossless w.r.t. the target.
 
     Args (validated; InvalidArgumentError names the argument and its range):
       target_model: HF causal LM object, HF checkpoint directory, or runtime CausalLM (Llama family).
@@ -153,11 +154,11 @@ class SpeculativeDecodingEngine:
       max_length: most tokens per sequence, prompt included (≥ 2).
       draft_length: γ, the draft block size and the largest K (1..64).
       temperature (≥ 0; 0 = greedy), top_p ((0, 1]): the sampling settings used by BOTH drafter and target.
-      use_confidence_scheduling: True → the seed-000 K policy (min_k = min(2, γ), max_k = γ); False → fixed K = γ.
+      use_confidence_scheduling: True → the confidence K policy (min_k = min(2, γ), max_k = γ); False → fixed K = γ.
       confidence_threshold: draft-side early stop in [0, 1): cut the block where the drafter's cumulative
         confidence Π c_i drops below it (needs a drafter with a confidence head; ignored otherwise). None = off.
-      policy: override the K policy ("plain", "fixed", "seed", "survival"); dtype: runtime dtype; seed: RNG seed
-        for sampling (None = random per call); cost_table: survival policy's cost table.
+      policy: override the K policy ("plain", "fixed", "confidence" (alias "seed"), "survival"); dtype: runtime
+        dtype; seed: RNG seed for sampling (None = random per call); cost_table: survival policy's cost table.
     """
 
     def __init__(self, target_model: Any, draft_model: Any | None = None, tokenizer: Any | None = None,
@@ -175,8 +176,10 @@ class SpeculativeDecodingEngine:
             raise _bad("top_p", top_p, "a number in (0, 1]")
         if confidence_threshold is not None and not 0.0 <= confidence_threshold < 1.0:
             raise _bad("confidence_threshold", confidence_threshold, "None or a number in [0, 1)")
-        if policy is not None and policy not in POLICIES:
-            raise _bad("policy", policy, f"one of {', '.join(POLICIES)}")
+        if policy is not None:
+            policy = resolve_policy_alias(policy)
+            if policy not in POLICIES:
+                raise _bad("policy", policy, f"one of {', '.join(POLICIES)} (\"seed\" = \"confidence\")")
         self.max_length, self.draft_length = max_length, draft_length
         self.temperature, self.top_p, self.seed = float(temperature), float(top_p), seed
         target_dir = Path(target_model) if isinstance(target_model, (str, Path)) else None
@@ -197,7 +200,7 @@ class SpeculativeDecodingEngine:
                 max_k = min(max_k, draft_length)
             if min_k is not None:
                 min_k = min(min_k, draft_length)
-        name = policy or ("plain" if self.drafter is None else "seed" if use_confidence_scheduling else "fixed")
+        name = policy or ("plain" if self.drafter is None else "confidence" if use_confidence_scheduling else "fixed")
         if name != "plain" and self.drafter is None:
             raise InvalidArgumentError(f"policy {name!r} needs a draft_model; pass one or use policy='plain'")
         lo = min(2, draft_length) if min_k is None else min_k

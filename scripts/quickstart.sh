@@ -29,7 +29,7 @@ for _ in $(seq 1 240); do
 done
 curl -sf "http://127.0.0.1:$HTTP/v2/health/ready" >/dev/null || { echo "server not ready after 120 s" >&2; exit 1; }
 
-echo "== 3/3 one streamed request through tritonclient (gRPC, policy seed)" >&2
-dspark-trt generate --url "127.0.0.1:$GRPC" --protocol grpc --stream --chat --policy seed \
+echo "== 3/3 one streamed request through tritonclient (gRPC, policy confidence)" >&2
+dspark-trt generate --url "127.0.0.1:$GRPC" --protocol grpc --stream --chat --policy confidence \
   --max-new-tokens "$MAX_TOKENS" --prompt "$PROMPT" --json
 echo "== done; stopping the server" >&2

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from dspark_trt.errors import InvalidArgumentError
+from dspark_trt.spec_decode.policies import POLICIES, resolve_policy_alias  # torch-free
 
 DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32")
 QUANT_MODES: tuple[str, ...] = ("none", "fp8", "int8_sq", "w8a16")
 KV_QUANT_MODES: tuple[str, ...] = ("none", "fp8")
-POLICIES: tuple[str, ...] = ("plain", "fixed", "seed", "survival")
 
 # Our --quant name → TensorRT-LLM 1.2.1 QuantAlgo name written into checkpoint config.json.
 QUANT_ALGO: dict[str, str | None] = {"none": None, "fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "w8a16": "W8A16"}
@@ -38,7 +38,7 @@ class BuildOptions:
     calib_samples: int = 32  # calibration sequences
     calib_seq_len: int = 128  # tokens per calibration sequence
     eval_tokens: int = 512  # held-out tokens for the quality report
-    policy: str = "seed"
+    policy: str = "confidence"  # served default K policy; the alias "seed" is stored as "confidence"
     min_k: int = 2
     max_k: int = 0  # 0 → γ (max_draft_len)
     max_queue: int = 64
@@ -55,6 +55,7 @@ class BuildOptions:
             raise bad("quant", f"{self.quant!r} is not one of {', '.join(QUANT_MODES)}")
         if self.kv_quant not in KV_QUANT_MODES:
             raise bad("kv_quant", f"{self.kv_quant!r} is not one of {', '.join(KV_QUANT_MODES)}")
+        object.__setattr__(self, "policy", resolve_policy_alias(self.policy))
         if self.policy not in POLICIES:
             raise bad("policy", f"{self.policy!r} is not one of {', '.join(POLICIES)}")
         for name in ("max_draft_len", "max_batch_size", "max_seq_len", "tp_size", "calib_samples",

@@ -32,14 +32,15 @@ PROMPTS: dict[str, list[str]] = {
              "What is 17 times 23? Show your work.",
              "If x + 2x + 3x = 36, what is x? Explain each step."],
 }
-SPEC_POLICIES = ("fixed", "seed", "survival")
+SPEC_POLICIES = ("fixed", "confidence", "survival")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens decoded per run (EOS ignored; default 64)")
     p.add_argument("--prompts-per-kind", type=int, default=2, help="prompts per category (code/chat/math; ≤ 3)")
     p.add_argument("--repeats", type=int, default=1, help="timed repeats per prompt (median reported)")
-    p.add_argument("--policies", default=",".join(SPEC_POLICIES), help="DSpark K policies to run (comma list)")
+    p.add_argument("--policies", default=",".join(SPEC_POLICIES),
+                   help="DSpark K policies to run (comma list; \"seed\" = confidence)")
     p.add_argument("--k", type=int, default=4, help="K for the fixed policy (default 4)")
     p.add_argument("--target", type=Path, default=None, help="target HF dir (default: embedded SmolLM2-135M)")
     p.add_argument("--draft", type=Path, default=None, help="draft dir (default: the shipped DSpark drafter)")
@@ -103,9 +104,9 @@ def run(args: argparse.Namespace) -> int:
     from dspark_trt.engine import SpeculativeDecodingEngine, to_runtime_model
     from dspark_trt.runtime.hf_loader import load_tokenizer
     from dspark_trt.spec_decode.protocols import SamplingParams
-    from dspark_trt.spec_decode.scheduler import POLICIES
+    from dspark_trt.spec_decode.policies import POLICIES, resolve_policy_alias
 
-    policies = [p for p in args.policies.split(",") if p]
+    policies = [resolve_policy_alias(p) for p in args.policies.split(",") if p]
     bad = [p for p in policies if p not in POLICIES or p == "plain"]
     if bad or not 1 <= args.prompts_per_kind <= 3 or args.max_new_tokens < 2 or args.repeats < 1:
         raise InvalidArgumentError(f"--policies must be from {SPEC_POLICIES} (got {bad}); --prompts-per-kind in "

@@ -11,6 +11,7 @@ import json
 import logging
 
 from dspark_trt.builder.options import DTYPES, KV_QUANT_MODES, POLICIES, QUANT_MODES, BuildOptions
+from dspark_trt.spec_decode.policies import resolve_policy_alias
 
 log = logging.getLogger(__name__)
 _D = BuildOptions()
@@ -41,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tokens per calibration sequence (default %(default)s)")
     p.add_argument("--eval-tokens", dest="eval_tokens", type=int, default=_D.eval_tokens, metavar="N",
                    help="held-out tokens for the quality report (default %(default)s)")
-    p.add_argument("--policy", default=_D.policy, choices=POLICIES, help="served K policy (default %(default)s)")
+    p.add_argument("--policy", default=_D.policy, type=resolve_policy_alias, choices=POLICIES,
+                   help="served K policy (default %(default)s; \"seed\" = confidence)")
     p.add_argument("--min-k", dest="min_k", type=int, default=_D.min_k, metavar="N", help="default %(default)s")
     p.add_argument("--max-k", dest="max_k", type=int, default=_D.max_k, metavar="N", help="0 = γ (default %(default)s)")
     p.add_argument("--max-queue", dest="max_queue", type=int, default=_D.max_queue, metavar="N",

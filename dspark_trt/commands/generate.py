@@ -17,6 +17,7 @@ from typing import Any
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.loop import LoopConfig
 from dspark_trt.spec_decode.protocols import SamplingParams
+from dspark_trt.spec_decode.policies import resolve_policy_alias
 from dspark_trt.spec_decode.scheduler import POLICIES, PolicyConfig
 
 log = logging.getLogger("dspark_trt.generate")
@@ -30,12 +31,13 @@ DTYPES = ("bfloat16", "float16", "float32")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", required=True, help="the prompt text")
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
-    p.add_argument("--policy", choices=POLICIES, default=_POL.policy, help=f"K policy (default {_POL.policy})")
+    p.add_argument("--policy", type=resolve_policy_alias, choices=POLICIES, default=_POL.policy,
+                   help=f"K policy (default {_POL.policy}; \"seed\" = confidence)")
     p.add_argument("--k", type=int, default=_POL.k, help=f"verify length for --policy fixed (default {_POL.k})")
     p.add_argument("--gamma", type=int, default=None,
                    help=f"draft block size γ (default: the drafter's own, else {_LOOP.gamma})")
-    p.add_argument("--min-k", type=int, default=_POL.min_k, help=f"seed policy lower K (default {_POL.min_k})")
-    p.add_argument("--max-k", type=int, default=None, help="seed/survival upper K (default γ)")
+    p.add_argument("--min-k", type=int, default=_POL.min_k, help=f"confidence policy lower K (default {_POL.min_k})")
+    p.add_argument("--max-k", type=int, default=None, help="confidence/survival upper K (default γ)")
     p.add_argument("--draft-stop", type=float, default=_POL.draft_stop,
                    help="draft-side early stop: cut where cumulative draft confidence < this (0 = off)")
     p.add_argument("--temperature", type=float, default=_SAMPLING.temperature, help="0 = greedy (default)")

@@ -15,10 +15,8 @@ from typing import Mapping
 import numpy as np
 
 from dspark_trt.errors import InvalidArgumentError, RequestError
+from dspark_trt.spec_decode.policies import POLICIES, resolve_policy_alias  # torch-free
 
-# spec_decode.scheduler.POLICIES, repeated so tokenizer-only models (pre/postprocessing) need not import torch;
-# tests/serve/test_text_validate.py checks they agree.
-POLICIES = ("plain", "fixed", "seed", "survival")
 
 MAX_TEMPERATURE = 100.0
 MAX_SEED = 2**63 - 1
@@ -47,7 +45,7 @@ class ServeLimits:
     max_batch: int
     gamma: int
     vocab_size: int
-    policy: str = "seed"
+    policy: str = "confidence"
     min_k: int = 2
     max_k: int = 8
     max_queue: int = 64
@@ -74,7 +72,7 @@ class GenerationParams:
     top_p: float = 1.0
     seed: int | None = None
     end_id: int | None = None
-    policy: str = "seed"
+    policy: str = "confidence"
     min_k: int = 2
     max_k: int = 8
     return_stats: bool = False
@@ -168,16 +166,17 @@ def parse_generation(inputs: Mapping[str, np.ndarray | None], prompt_len: int, l
         raise RequestError(f"end_id must be a token id in [0, {limits.vocab_size}), got {end_id}")
     raw_policy = single(inputs, "policy")
     policy = limits.policy if raw_policy is None else decode_text(raw_policy, "policy").strip().lower()
+    policy = resolve_policy_alias(policy)
     if policy not in POLICIES:
-        raise RequestError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        raise RequestError(f"policy must be one of {', '.join(POLICIES)} (\"seed\" = \"confidence\"), got {policy!r}")
     min_k = _int(inputs, "min_k")
     max_k = _int(inputs, "max_k")
     min_k = limits.min_k if min_k is None else min_k
     max_k = limits.max_k if max_k is None else max_k
     if not 0 <= min_k <= max_k <= limits.gamma:
         raise RequestError(f"need 0 ≤ min_k ≤ max_k ≤ γ ({limits.gamma}), got min_k={min_k}, max_k={max_k}")
-    if policy == "seed" and min_k < 1:
-        raise RequestError(f"min_k must be ≥ 1 for the seed policy, got {min_k}; use policy \"plain\" for K = 0")
+    if policy == "confidence" and min_k < 1:
+        raise RequestError(f"min_k must be ≥ 1 for the confidence policy, got {min_k}; use policy \"plain\" for K = 0")
     stream = single(inputs, "stream")
     stats = single(inputs, "return_stats")
     return GenerationParams(max_tokens=max_tokens, stream=bool(stream) if stream is not None else False,

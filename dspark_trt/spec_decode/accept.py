@@ -103,7 +103,7 @@ def target_probs(
     Top-p rule (exact): order tokens by probability descending, ties by ascending vocabulary index; keep a token
     iff the total probability of the tokens strictly before it is < top_p (so the top-1 is always kept); zero the
     rest and renormalise. Rows with T ≤ 0 get a one-hot at argmax (lowest index on ties). Used for the target AND
-    the drafter so both see identical settings (seed 000, 4.1)."""
+    the drafter so both see identical settings."""
     logits = logits.float()
     b, v = logits.shape[0], logits.shape[-1]
     view = (b,) + (1,) * (logits.dim() - 1)

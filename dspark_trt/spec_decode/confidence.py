@@ -1,6 +1,6 @@
 """Confidence signals that drive the K policies.
 
-Owns the seed-000 confidence formula (target top-1 probability, top-1 − top-2 margin, EMA of the acceptance
+Owns the confidence formula of the confidence policy (target top-1 probability, top-1 − top-2 margin, EMA of the acceptance
 rate), survival probabilities a_j = Π_{i≤j} c_i from a drafter's per-position confidences, and the draft-side
 early stop (cut the block where the cumulative confidence falls under a threshold). Pure arithmetic on
 tensors and floats: knows nothing of models, caches or serving.
@@ -13,12 +13,12 @@ import torch
 
 from dspark_trt.errors import InvalidArgumentError
 
-__all__ = ["SeedWeights", "round_signals", "ema_update", "seed_confidence", "survival", "early_stop_k",
+__all__ = ["ConfidenceWeights", "round_signals", "ema_update", "confidence_score", "survival", "early_stop_k",
            "fallback_survival"]
 
 
 @dataclass(frozen=True)
-class SeedWeights:
+class ConfidenceWeights:
     """conf = w_top1·avg_top1 + w_margin·min(margin_scale·avg(top1 − top2), 1) + w_accept·EMA(acceptance)."""
 
     w_top1: float = 0.4
@@ -50,8 +50,9 @@ def ema_update(prev: float, new: float, weight: float = 0.2) -> float:
     return weight * new + (1.0 - weight) * prev
 
 
-def seed_confidence(avg_top1: float, avg_margin: float, ema_acceptance: float, w: SeedWeights = SeedWeights()) -> float:
-    """The seed's scalar confidence C in [0, 1] (for inputs in [0, 1])."""
+def confidence_score(avg_top1: float, avg_margin: float, ema_acceptance: float,
+                     w: ConfidenceWeights = ConfidenceWeights()) -> float:
+    """The confidence policy's scalar confidence C in [0, 1] (for inputs in [0, 1])."""
     return (w.w_top1 * avg_top1 + w.w_margin * min(avg_margin * w.margin_scale, 1.0)
             + w.w_accept * ema_acceptance)
 

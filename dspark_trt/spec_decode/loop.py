@@ -227,7 +227,7 @@ class RoundScheduler:
             left = a.req.max_new_tokens - len(a.tokens) - 1
             room = self.backend.max_seq - a.n_committed - 1
             pol = a.req.policy
-            ceiling = {"plain": 0, "fixed": pol.k, "seed": a.state.k, "survival": pol.max_k}[pol.policy]
+            ceiling = {"plain": 0, "fixed": pol.k, "confidence": a.state.k, "survival": pol.max_k}[pol.policy]
             caps.append(max(0, min(self.config.gamma, ceiling, left, room)))
         return caps
 

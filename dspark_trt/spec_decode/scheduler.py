@@ -1,6 +1,6 @@
 """K policies: how many draft tokens each request verifies in the next round (0 ≤ K ≤ γ).
 
-Owns the policy configs (frozen dataclasses), per-request policy state, the seed-000 heuristic, the
+Owns the policy configs (frozen dataclasses), per-request policy state, the confidence heuristic, the
 batch-aware survival/cost policy (DSpark paper Algorithm 1) with its cost table, and `schedule_batch`,
 which combines them with the draft-side early stop for one round. Every policy is lossless: it only chooses
 how much to verify. Pure Python/torch; knows nothing of models, caches or serving.
@@ -8,8 +8,8 @@ how much to verify. Pure Python/torch; knows nothing of models, caches or servin
 Policies:
 - plain: K = 0 (plain decoding; the drafter is not run).
 - fixed: K = k.
-- seed: conf = 0.4·avg_top1 + 0.3·min(5·avg(top1 − top2), 1) + 0.3·EMA(acceptance, 0.2 on the new round);
-  K_next = clamp(int(min_k + (max_k − min_k)·(conf − low)/(high − low)), min_k, max_k); K rises only if the
+- confidence (alias "seed"): conf = 0.4·avg_top1 + 0.3·min(5·avg(top1 − top2), 1) + 0.3·EMA(acceptance, 0.2 on
+  the new round); K_next = clamp(int(min_k + (max_k − min_k)·(conf − low)/(high − low)), min_k, max_k); K rises only if the
   last round accepted ≥ 1; a first-token rejection (k ≥ 1, accepted 0) drops K to min_k at once.
 - survival: per-request K maximising Σ_r(1 + Σ_{j≤K_r} a_rj)·SPS(Σ_r(1 + K_r)) over the whole batch, by greedy
   admission of (request, position) pairs in descending a, stopping at the first drop; floor K = 0.
@@ -25,36 +25,34 @@ from typing import Sequence
 import torch
 
 from dspark_trt.errors import InvalidArgumentError
-from dspark_trt.spec_decode.confidence import (SeedWeights, early_stop_k, ema_update, fallback_survival, round_signals,
-                                        seed_confidence, survival)
+from dspark_trt.spec_decode.confidence import (ConfidenceWeights, confidence_score, early_stop_k, ema_update,
+                                               fallback_survival, round_signals, survival)
+from dspark_trt.spec_decode.policies import POLICIES, canonical_policy
 
 __all__ = ["POLICIES", "PolicyConfig", "PolicyState", "CostTable", "plan_survival", "schedule_batch",
-           "seed_next_k"]
-
-POLICIES = ("plain", "fixed", "seed", "survival")
+           "confidence_next_k"]
 
 
 @dataclass(frozen=True)
 class PolicyConfig:
     """One request's K policy and its parameters (unused fields are ignored by other policies)."""
 
-    policy: str = "seed"
+    policy: str = "confidence"  # one of POLICIES; the alias "seed" is stored as "confidence"
     k: int = 4  # fixed
-    min_k: int = 2  # seed
-    max_k: int = 8  # seed, survival
-    low: float = 0.3  # seed: conf at/below → min_k
-    high: float = 0.7  # seed: conf at/above → max_k
-    weights: SeedWeights = field(default_factory=SeedWeights)
+    min_k: int = 2  # confidence
+    max_k: int = 8  # confidence, survival
+    low: float = 0.3  # confidence: conf at/below → min_k
+    high: float = 0.7  # confidence: conf at/above → max_k
+    weights: ConfidenceWeights = field(default_factory=ConfidenceWeights)
     draft_stop: float = 0.0  # draft-side early stop: cut where Π c_i < draft_stop (0 = off; needs drafter conf)
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
-            raise InvalidArgumentError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        object.__setattr__(self, "policy", canonical_policy(self.policy))
         if self.k < 0:
             raise InvalidArgumentError(f"k must be ≥ 0 (0 = plain decoding), got {self.k}")
-        if self.policy == "seed" and self.min_k < 1:
+        if self.policy == "confidence" and self.min_k < 1:
             raise InvalidArgumentError(
-                f"min_k must be ≥ 1 for the seed policy (a K=0 round carries no acceptance signal, so K could "
+                f"min_k must be ≥ 1 for the confidence policy (a K=0 round carries no acceptance signal, so K could "
                 f"never rise again), got {self.min_k}; use --policy plain for K=0")
         if self.min_k < 0 or self.max_k < self.min_k:
             raise InvalidArgumentError(f"need 0 ≤ min_k ≤ max_k, got min_k={self.min_k}, max_k={self.max_k}")
@@ -68,20 +66,20 @@ class PolicyConfig:
 class PolicyState:
     """Per-request scheduler state, updated after every verified round."""
 
-    k: int  # K the policy wants next round (seed; fixed; 0 plain; survival: cap)
+    k: int  # K the policy wants next round (confidence; fixed; 0 plain; survival: cap)
     ema: float = 0.5  # EMA of the acceptance rate
     last_accepted: int = -1  # -1 before the first round
     last_k: int = -1
-    conf: float = float("nan")  # last seed-formula confidence
+    conf: float = float("nan")  # last confidence-formula value
 
     @classmethod
     def initial(cls, cfg: PolicyConfig) -> "PolicyState":
-        k = {"plain": 0, "fixed": cfg.k, "seed": cfg.min_k, "survival": cfg.max_k}[cfg.policy]
+        k = {"plain": 0, "fixed": cfg.k, "confidence": cfg.min_k, "survival": cfg.max_k}[cfg.policy]
         return cls(k=k, ema=cfg.weights.ema_init)
 
 
-def seed_next_k(cfg: PolicyConfig, conf: float, current_k: int, k: int, accepted: int) -> int:
-    """The seed rule: linear map of conf between low/high onto [min_k, max_k], clamped; raise only after a round
+def confidence_next_k(cfg: PolicyConfig, conf: float, current_k: int, k: int, accepted: int) -> int:
+    """The confidence rule: linear map of conf between low/high onto [min_k, max_k], clamped; raise only after a round
     that accepted ≥ 1; drop to min_k right after a first-token rejection (k ≥ 1 and accepted == 0)."""
     lin = int(cfg.min_k + (cfg.max_k - cfg.min_k) * (conf - cfg.low) / (cfg.high - cfg.low))
     nxt = max(cfg.min_k, min(cfg.max_k, lin))
@@ -94,15 +92,15 @@ def seed_next_k(cfg: PolicyConfig, conf: float, current_k: int, k: int, accepted
 
 def observe(cfg: PolicyConfig, state: PolicyState, k: int, accepted: int,
             top1: torch.Tensor, margin: torch.Tensor) -> float:
-    """Update `state` after a verified round (top1/margin [K+1] of this row) → the seed-formula confidence.
+    """Update `state` after a verified round (top1/margin [K+1] of this row) → the confidence-formula value.
     The acceptance EMA only moves on rounds that verified something (k ≥ 1). Computed for every policy (it is
-    logged); only the seed policy uses it to set K."""
+    logged); only the confidence policy uses it to set K."""
     avg_top1, avg_margin = round_signals(top1, margin, k)
     if k >= 1:
         state.ema = ema_update(state.ema, accepted / k, cfg.weights.ema_weight)
-    conf = seed_confidence(avg_top1, avg_margin, state.ema, cfg.weights)
-    if cfg.policy == "seed":
-        state.k = seed_next_k(cfg, conf, state.k, k, accepted)
+    conf = confidence_score(avg_top1, avg_margin, state.ema, cfg.weights)
+    if cfg.policy == "confidence":
+        state.k = confidence_next_k(cfg, conf, state.k, k, accepted)
     state.last_k, state.last_accepted, state.conf = k, accepted, conf
     return conf
 

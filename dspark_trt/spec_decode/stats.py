@@ -1,7 +1,7 @@
 """Speculative-decoding statistics: the per-round log and the totals derived from it.
 
-Owns RoundRecord (k, accepted, conf per round, seed 000 §4.4 observability) and SpecStats (per request or
-aggregated): target/draft calls, drafted/accepted/committed tokens, τ, acceptance per position, first-token
+Owns RoundRecord (k, accepted and confidence of every round, so each K decision can be inspected) and SpecStats
+(per request or aggregated): target/draft calls, drafted/accepted/committed tokens, τ, acceptance per position, first-token
 rejection rate, drafter fallbacks. Pure bookkeeping; knows nothing of models or serving.
 
 Definitions:
@@ -24,7 +24,7 @@ __all__ = ["RoundRecord", "SpecStats"]
 class RoundRecord:
     k: int  # tokens verified
     accepted: int  # of those, accepted
-    conf: float  # seed-formula confidence after the round
+    conf: float  # confidence-formula value after the round
     committed: int  # tokens committed (accepted + 1, fewer if a stop condition cut the round)
     fallback: bool = False  # the drafter failed; the round ran as plain decoding
 

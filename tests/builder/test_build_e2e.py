@@ -138,5 +138,5 @@ def test_dspark_drafter_build(builds, tiny_dspark: Path) -> None:  # noqa: ANN00
     assert isinstance(pair.drafter, DSparkDrafter)
     for prompt in PROMPTS[:1]:
         ids = pair.tokenizer(prompt)["input_ids"]
-        got, eos = _spec_decode(pair, ids, NEW, "seed")
+        got, eos = _spec_decode(pair, ids, NEW, "confidence")
         assert got == plain_greedy(pair.target, ids, NEW, set(eos)), prompt

@@ -130,3 +130,10 @@ def test_cli_reports_error_without_traceback(tiny_pair, tmp_path: Path, capsys: 
 def test_bad_options(kw: dict, needle: str) -> None:
     with pytest.raises(InvalidArgumentError, match=needle):
         BuildOptions(**kw)
+
+
+def test_policy_seed_is_stored_as_confidence() -> None:
+    assert BuildOptions(policy="seed").policy == "confidence" == BuildOptions().policy
+    assert BuildOptions.from_dict({"policy": "seed"}) == BuildOptions()  # manifests written before the rename
+    with pytest.raises(InvalidArgumentError, match="--policy"):
+        BuildOptions(policy="seeds")

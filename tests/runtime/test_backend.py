@@ -188,7 +188,7 @@ def test_backend_errors(target: CausalLM) -> None:
         be.commit([0], torch.tensor([2]))
 
 
-@pytest.mark.parametrize("policy", ["fixed", "seed"])
+@pytest.mark.parametrize("policy", ["fixed", "confidence"])
 def test_speculative_loop_with_dspark_drafter_is_lossless(target: CausalLM, policy: str) -> None:
     """A (random-init) DSpark drafter consumes the target's tapped features; output stays the target's greedy."""
     from dspark_trt.runtime.drafters import DSparkConfig, DSparkDrafter, DSparkModel

@@ -38,7 +38,7 @@ def tiny_build(tiny_pair, tmp_path_factory: pytest.TempPathFactory) -> Path:  # 
     out = tmp_path_factory.mktemp("serve_build") / "tiny"
     cmd = [sys.executable, "-m", "dspark_trt.cli", "build", "--target", str(tiny_pair.target), "--draft",
            str(tiny_pair.draft), "--output", str(out), "--dtype", "float32", "--max-draft-len", str(GAMMA),
-           "--max-batch-size", str(MAX_BATCH), "--max-seq-len", str(MAX_SEQ_LEN), "--policy", "seed",
+           "--max-batch-size", str(MAX_BATCH), "--max-seq-len", str(MAX_SEQ_LEN), "--policy", "confidence",
            "--min-k", "1", "--max-queue", "64", "--no-bench", "--no-engines"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, f"build failed:\n{proc.stderr[-4000:]}"

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.triton
 PROMPTS = ["def main(argv):", "import os\nimport sys", "class Queue:", "for i in range(10):", "with open(path) as f:",
            "raise ValueError(", "return self._", "# Copyright 2001", "if __name__ == '__main__':", "try:\n    import",
            "def __repr__(self):", "x = [i * i for i in", "while True:", "lambda x:", "print(", "from collections"]
-POLICIES = ("seed", "fixed", "survival", "plain")
+POLICIES = ("confidence", "fixed", "survival", "plain")
 
 
 def test_sixteen_concurrent_clients(server, reference, metrics) -> None:

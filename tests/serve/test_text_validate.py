@@ -10,7 +10,7 @@ from dspark_trt.serve.text import (CONTEXT_TOKENS, delta_text, encode_prompt, en
                                    unpack_stop_words)
 from dspark_trt.serve.validate import ServeLimits, check_request_parameters, decode_text, parse_generation
 
-LIMITS = ServeLimits(max_seq_len=64, max_batch=4, gamma=4, vocab_size=512, policy="seed", min_k=1, max_k=4,
+LIMITS = ServeLimits(max_seq_len=64, max_batch=4, gamma=4, vocab_size=512, policy="confidence", min_k=1, max_k=4,
                      max_queue=8)
 
 
@@ -27,7 +27,7 @@ def _inp(**kw: object) -> dict[str, np.ndarray]:
 
 def test_parse_defaults_and_overrides() -> None:
     p = parse_generation(_inp(max_tokens=10), 5, LIMITS)
-    assert (p.max_tokens, p.policy, p.min_k, p.max_k, p.temperature, p.stream) == (10, "seed", 1, 4, 0.0, False)
+    assert (p.max_tokens, p.policy, p.min_k, p.max_k, p.temperature, p.stream) == (10, "confidence", 1, 4, 0.0, False)
     p = parse_generation(_inp(max_tokens=10, policy=b"FIXED", max_k=2, stream=True, return_stats=True), 5, LIMITS)
     assert (p.policy, p.max_k, p.stream, p.return_stats) == ("fixed", 2, True, True)
 
@@ -38,7 +38,7 @@ def test_parse_defaults_and_overrides() -> None:
     (dict(max_tokens=4, top_p=0.0), "top_p"), (dict(max_tokens=4, random_seed=-1), "random_seed"),
     (dict(max_tokens=4, end_id=512), "end_id"), (dict(max_tokens=4, policy=b"nope"), "policy"),
     (dict(max_tokens=4, min_k=3, max_k=2), "min_k"), (dict(max_tokens=4, max_k=5), "max_k"),
-    (dict(max_tokens=4, min_k=0), "seed policy"), (dict(max_tokens=4, policy=b"\xff"), "UTF-8"),
+    (dict(max_tokens=4, min_k=0), "confidence policy"), (dict(max_tokens=4, policy=b"\xff"), "UTF-8"),
 ])
 def test_parse_rejects(kw: dict, needle: str) -> None:
     with pytest.raises(RequestError, match=needle):
@@ -94,8 +94,10 @@ def test_streamed_deltas_concatenate_to_full_text(tok, text: str, chunk: int) ->
     assert not any("\ufffd" in p for p in pieces[:-1]) or "\ufffd" in full
 
 
-def test_policies_match_spec() -> None:
-    from dspark_trt.serve import validate
-    from dspark_trt.spec_decode.scheduler import POLICIES
-
-    assert validate.POLICIES == POLICIES
+def test_seed_is_an_alias_of_the_confidence_policy() -> None:
+    p = parse_generation(_inp(max_tokens=10, policy=b"Seed"), 5, LIMITS)
+    assert p.policy == "confidence"
+    old_build = ServeLimits(max_seq_len=64, max_batch=4, gamma=4, vocab_size=512, policy="seed", min_k=1, max_k=4)
+    assert parse_generation(_inp(max_tokens=10), 5, old_build).policy == "confidence"  # POLICY "seed" in config.pbtxt
+    with pytest.raises(RequestError, match="confidence policy"):
+        parse_generation(_inp(max_tokens=4, policy=b"seed", min_k=0), 5, LIMITS)

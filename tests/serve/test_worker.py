@@ -64,7 +64,7 @@ def test_jobs_share_rounds_and_get_their_own_tokens(reference) -> None:  # noqa:
     batcher, metrics = _batcher(reference)
     sinks = [Sink() for _ in PROMPTS]
     for i, (p, s) in enumerate(zip(PROMPTS, sinks)):  # 6 jobs, 4 slots: two wait for a free slot
-        batcher.submit(_job(reference, p, 10 + 3 * i, s, policy=("fixed", "seed", "survival")[i % 3]))
+        batcher.submit(_job(reference, p, 10 + 3 * i, s, policy=("fixed", "confidence", "survival")[i % 3]))
     batcher.start()
     for s in sinks:
         assert s.done.wait(300)

@@ -38,3 +38,27 @@ def test_url_goes_through_the_serve_client(monkeypatch, capsys) -> None:
     assert seen["url"] == "h:9" and seen["prompt"] == "hello" and seen["protocol"] == "grpc"
     assert seen["policy"] == "survival" and seen["max_tokens"] == 7 and seen["seed"] == 3
     assert seen["temperature"] == 0.5
+
+
+def test_policy_seed_is_accepted_as_confidence(monkeypatch, capsys) -> None:
+    import dspark_trt.serve.client as client
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(client, "generate_remote", lambda url, prompt, **kw: seen.update(kw) or {"text": "ok"})
+    assert main(["generate", "--prompt", "hi", "--url", "h:9", "--policy", "seed"]) == 0
+    assert seen["policy"] == "confidence"
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # argparse: invalid choice
+        main(["generate", "--prompt", "hi", "--policy", "seeds"])
+    assert "invalid choice: 'seeds'" in capsys.readouterr().err
+
+
+def test_build_policy_seed_is_accepted_as_confidence() -> None:
+    import argparse
+
+    from dspark_trt.commands import build
+
+    p = argparse.ArgumentParser()
+    build.add_arguments(p)
+    opts = build.options_from_args(p.parse_args(["--policy", "seed"]))
+    assert opts.policy == "confidence"

@@ -33,7 +33,7 @@ def _backend(target, drafter, max_batch: int = 4, max_seq: int = 256):  # noqa: 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt=st.lists(st.integers(4, 511), min_size=1, max_size=16),
-       policy=st.sampled_from(["fixed", "seed", "survival"]), k=st.integers(1, 7), gamma=st.integers(1, 7),
+       policy=st.sampled_from(["fixed", "confidence", "survival"]), k=st.integers(1, 7), gamma=st.integers(1, 7),
        draft=st.sampled_from(["draft", "draft_small"]), n=st.integers(1, 32))
 def test_runtime_speculative_greedy_equals_plain_greedy(tiny_runtime, greedy_oracle, tiny_models, prompt, policy,
                                                         k, gamma, draft, n) -> None:
@@ -70,7 +70,7 @@ def test_engine_generate_matches_hf_greedy_and_reports_stats(tiny_pair, tiny_mod
 def test_generate_cli_json(tiny_pair, capsys) -> None:
     from dspark_trt.cli import main
 
-    rc = main(["generate", "--prompt", "import os\nimport", "--max-new-tokens", "24", "--policy", "seed",
+    rc = main(["generate", "--prompt", "import os\nimport", "--max-new-tokens", "24", "--policy", "confidence",
                "--target", str(tiny_pair.target), "--draft", str(tiny_pair.draft), "--dtype", "float32",
                "--gamma", "4", "--json"])
     assert rc == 0
@@ -140,7 +140,7 @@ def test_default_target_lossless(default_target_dir: Path) -> None:
     tok = load_tokenizer(default_target_dir)
     prompts = ["def fibonacci(n):", "The capital of France is", "Q: What is 12 * 7?\nA:"]
     accepted = 0
-    for text, pol in zip(prompts, ["fixed", "seed", "survival"]):
+    for text, pol in zip(prompts, ["fixed", "confidence", "survival"]):
         ids = tok.encode(text)
         spec = generate(_backend(target, drafter, 1, 256), ids, 24, policy=PolicyConfig(policy=pol, k=4, max_k=4),
                         config=LoopConfig(gamma=int(drafter.gamma)))

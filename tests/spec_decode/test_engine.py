@@ -24,7 +24,7 @@ def hf_pair(tiny_pair):  # noqa: ANN001, ANN201
     ({"top_p": 0.0}, r"top_p=0.0 .* \(0, 1\]"),
     ({"top_p": 1.5}, r"top_p=1.5 .* \(0, 1\]"),
     ({"confidence_threshold": 1.0}, r"confidence_threshold=1.0 .* \[0, 1\)"),
-    ({"policy": "turbo"}, r"policy='turbo' .* plain, fixed, seed, survival"),
+    ({"policy": "turbo"}, r"policy='turbo' .* plain, fixed, confidence, survival"),
 ])
 def test_bad_arguments_name_the_argument_and_range(hf_pair, kw, match) -> None:
     target, draft, tok = hf_pair

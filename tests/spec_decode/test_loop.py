@@ -11,7 +11,7 @@ from dspark_trt.spec_decode.loop import LoopConfig, Request, RoundScheduler, gen
 from dspark_trt.spec_decode.protocols import SamplingParams
 from dspark_trt.spec_decode.scheduler import PolicyConfig
 
-POLICY = st.sampled_from(["plain", "fixed", "seed", "survival"])
+POLICY = st.sampled_from(["plain", "fixed", "confidence", "survival"])
 PROMPT = st.lists(st.integers(4, 511), min_size=1, max_size=12)
 
 
@@ -153,7 +153,7 @@ def test_speculative_sampling_matches_target_marginals(ref_backend, tiny_models)
 def test_mixed_greedy_and_sampled_rows_in_one_batch(ref_backend, greedy_oracle, tiny_models) -> None:
     be = ref_backend("draft", max_batch=3)
     sched = RoundScheduler(be, LoopConfig(gamma=4))
-    g = sched.add(Request((9, 10, 11), 20, policy=PolicyConfig(policy="seed", max_k=4)))
+    g = sched.add(Request((9, 10, 11), 20, policy=PolicyConfig(policy="confidence", max_k=4)))
     s = sched.add(Request((12, 13), 20, SamplingParams(temperature=1.0, top_p=0.9, seed=5),
                           PolicyConfig(policy="survival", max_k=4)))
     out: dict[int, list[int]] = {g: [], s: []}

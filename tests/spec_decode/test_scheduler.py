@@ -1,4 +1,5 @@
-"""spec_decode.confidence / spec_decode.scheduler / spec_decode.stats: one test per seed-policy rule, survival Alg. 1, cost table."""
+"""spec_decode.confidence / scheduler / policies / stats: one test per confidence-policy rule, survival Alg. 1,
+cost table, policy names."""
 from __future__ import annotations
 
 import json
@@ -8,79 +9,92 @@ import pytest
 import torch
 
 from dspark_trt.errors import InvalidArgumentError
-from dspark_trt.spec_decode.confidence import SeedWeights, early_stop_k, ema_update, seed_confidence, survival
-from dspark_trt.spec_decode.scheduler import CostTable, PolicyConfig, PolicyState, observe, plan_survival, schedule_batch, seed_next_k
+from dspark_trt.spec_decode.confidence import ConfidenceWeights, confidence_score, early_stop_k, ema_update, survival
+from dspark_trt.spec_decode.policies import POLICIES, canonical_policy
+from dspark_trt.spec_decode.scheduler import (CostTable, PolicyConfig, PolicyState, confidence_next_k, observe,
+                                              plan_survival, schedule_batch)
 from dspark_trt.spec_decode.stats import RoundRecord, SpecStats
 
-SEED = PolicyConfig(policy="seed")  # defaults min_k 2, max_k 8, low 0.3, high 0.7
+CONF = PolicyConfig(policy="confidence")  # defaults min_k 2, max_k 8, low 0.3, high 0.7
 
 
 def test_rule_weights_are_04_03_03() -> None:
-    assert seed_confidence(1.0, 0.0, 0.0) == pytest.approx(0.4)
-    assert seed_confidence(0.0, 1.0, 0.0) == pytest.approx(0.3)
-    assert seed_confidence(0.0, 0.0, 1.0) == pytest.approx(0.3)
-    assert seed_confidence(0.5, 0.1, 0.5) == pytest.approx(0.4 * 0.5 + 0.3 * 0.5 + 0.3 * 0.5)
+    assert confidence_score(1.0, 0.0, 0.0) == pytest.approx(0.4)
+    assert confidence_score(0.0, 1.0, 0.0) == pytest.approx(0.3)
+    assert confidence_score(0.0, 0.0, 1.0) == pytest.approx(0.3)
+    assert confidence_score(0.5, 0.1, 0.5) == pytest.approx(0.4 * 0.5 + 0.3 * 0.5 + 0.3 * 0.5)
 
 
 def test_rule_margin_times_5_capped_at_1() -> None:
-    assert seed_confidence(0.0, 0.1, 0.0) == pytest.approx(0.3 * 0.5)
-    assert seed_confidence(0.0, 0.2, 0.0) == pytest.approx(0.3)
-    assert seed_confidence(0.0, 0.9, 0.0) == pytest.approx(0.3)  # 4.5 capped at 1
+    assert confidence_score(0.0, 0.1, 0.0) == pytest.approx(0.3 * 0.5)
+    assert confidence_score(0.0, 0.2, 0.0) == pytest.approx(0.3)
+    assert confidence_score(0.0, 0.9, 0.0) == pytest.approx(0.3)  # 4.5 capped at 1
 
 
 def test_rule_ema_weight_02_on_new_round() -> None:
     assert ema_update(0.5, 1.0) == pytest.approx(0.6)
-    st = PolicyState.initial(SEED)
+    st = PolicyState.initial(CONF)
     assert st.ema == 0.5
-    observe(SEED, st, k=4, accepted=2, top1=torch.full((5,), 0.5), margin=torch.zeros(5))
+    observe(CONF, st, k=4, accepted=2, top1=torch.full((5,), 0.5), margin=torch.zeros(5))
     assert st.ema == pytest.approx(0.2 * 0.5 + 0.8 * 0.5)
-    observe(SEED, st, k=4, accepted=4, top1=torch.full((5,), 0.5), margin=torch.zeros(5))
+    observe(CONF, st, k=4, accepted=4, top1=torch.full((5,), 0.5), margin=torch.zeros(5))
     assert st.ema == pytest.approx(0.2 * 1.0 + 0.8 * 0.5)
-    observe(SEED, st, k=0, accepted=0, top1=torch.full((1,), 0.5), margin=torch.zeros(1))
+    observe(CONF, st, k=0, accepted=0, top1=torch.full((1,), 0.5), margin=torch.zeros(1))
     assert st.ema == pytest.approx(0.6)  # a K=0 round verifies nothing: EMA unchanged
 
 
 def test_rule_linear_map_between_thresholds() -> None:
     # conf 0.5 is halfway between 0.3 and 0.7 → min_k + 0.5·(max_k − min_k) = 5
-    assert seed_next_k(SEED, 0.5, current_k=2, k=4, accepted=2) == 5
-    assert seed_next_k(SEED, 0.4, current_k=2, k=4, accepted=2) == 3  # int(2 + 6·0.25) = 3
-    assert seed_next_k(SEED, 0.6, current_k=8, k=4, accepted=2) == 6  # lowering is always allowed
+    assert confidence_next_k(CONF, 0.5, current_k=2, k=4, accepted=2) == 5
+    assert confidence_next_k(CONF, 0.4, current_k=2, k=4, accepted=2) == 3  # int(2 + 6·0.25) = 3
+    assert confidence_next_k(CONF, 0.6, current_k=8, k=4, accepted=2) == 6  # lowering is always allowed
 
 
 def test_rule_clamp_to_min_and_max_k() -> None:
-    assert seed_next_k(SEED, 0.05, current_k=5, k=4, accepted=1) == 2
-    assert seed_next_k(SEED, 0.99, current_k=5, k=4, accepted=3) == 8
+    assert confidence_next_k(CONF, 0.05, current_k=5, k=4, accepted=1) == 2
+    assert confidence_next_k(CONF, 0.99, current_k=5, k=4, accepted=3) == 8
 
 
 def test_rule_raise_only_after_a_round_that_accepted() -> None:
     # high confidence but the last round accepted nothing (a K=0 round, e.g. drafter fallback): K stays
-    assert seed_next_k(SEED, 0.99, current_k=3, k=0, accepted=0) == 3
-    assert seed_next_k(SEED, 0.99, current_k=3, k=4, accepted=1) == 8
-    assert seed_next_k(SEED, 0.4, current_k=5, k=0, accepted=0) == 3  # may still go down
+    assert confidence_next_k(CONF, 0.99, current_k=3, k=0, accepted=0) == 3
+    assert confidence_next_k(CONF, 0.99, current_k=3, k=4, accepted=1) == 8
+    assert confidence_next_k(CONF, 0.4, current_k=5, k=0, accepted=0) == 3  # may still go down
 
 
 def test_rule_first_token_rejection_drops_to_min_k() -> None:
-    assert seed_next_k(SEED, 0.99, current_k=7, k=4, accepted=0) == 2
+    assert confidence_next_k(CONF, 0.99, current_k=7, k=4, accepted=0) == 2
     st = PolicyState(k=7)
-    observe(SEED, st, k=7, accepted=0, top1=torch.ones(8), margin=torch.ones(8))
+    observe(CONF, st, k=7, accepted=0, top1=torch.ones(8), margin=torch.ones(8))
     assert st.k == 2
 
 
-def test_observe_drives_seed_k_from_verify_signals() -> None:
-    st = PolicyState.initial(SEED)
+def test_observe_drives_confidence_k_from_verify_signals() -> None:
+    st = PolicyState.initial(CONF)
     assert st.k == 2
-    conf = observe(SEED, st, k=2, accepted=2, top1=torch.tensor([0.9, 0.9, 0.9]), margin=torch.tensor([0.5] * 3))
+    conf = observe(CONF, st, k=2, accepted=2, top1=torch.tensor([0.9, 0.9, 0.9]), margin=torch.tensor([0.5] * 3))
     assert conf == pytest.approx(0.4 * 0.9 + 0.3 + 0.3 * (0.2 + 0.4))
     assert st.k == 8 and st.conf == conf
 
 
-def test_seed_policy_rejects_min_k_0_and_bad_thresholds() -> None:
+def test_confidence_policy_rejects_min_k_0_and_bad_thresholds() -> None:
     with pytest.raises(InvalidArgumentError, match="min_k must be ≥ 1"):
-        PolicyConfig(policy="seed", min_k=0)
+        PolicyConfig(policy="confidence", min_k=0)
     with pytest.raises(InvalidArgumentError, match="low < high"):
-        PolicyConfig(policy="seed", low=0.8, high=0.7)
+        PolicyConfig(policy="confidence", low=0.8, high=0.7)
     with pytest.raises(InvalidArgumentError, match="policy must be one of"):
         PolicyConfig(policy="greedy")
+
+
+def test_seed_is_an_alias_of_confidence() -> None:
+    assert POLICIES == ("plain", "fixed", "confidence", "survival")
+    assert PolicyConfig(policy="seed") == CONF
+    assert PolicyState.initial(PolicyConfig(policy="seed")).k == CONF.min_k
+    assert canonical_policy("seed") == canonical_policy("confidence") == "confidence"
+    with pytest.raises(InvalidArgumentError, match="min_k must be ≥ 1 for the confidence policy"):
+        PolicyConfig(policy="seed", min_k=0)
+    with pytest.raises(InvalidArgumentError, match="plain, fixed, confidence, survival"):
+        canonical_policy("seeds")
 
 
 def test_survival_is_cumulative_product_and_early_stop_cuts() -> None:
