@@ -1,7 +1,7 @@
 """`dspark-trt generate`: one prompt through DSpark speculative decoding, in process, from a build, or via Triton.
 
 Owns the command's arguments (defaults from the frozen spec dataclasses), picking the models (the embedded
-default pair when none is named; --target/--draft HF directories; --engine-dir a finished build through
+default pair when none is named; --target/--draft HF directories; --build-dir a finished build through
 builder.artifacts.load_built_pair; --url a running server through serve.client.generate_remote) and the output:
 the text (or, with --json, ONE JSON object {"text", "token_ids", "stats"}) on stdout, everything else on stderr.
 """
@@ -16,8 +16,8 @@ from typing import Any
 
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.loop import LoopConfig
-from dspark_trt.spec_decode.protocols import SamplingParams
 from dspark_trt.spec_decode.policies import resolve_policy_alias
+from dspark_trt.spec_decode.protocols import SamplingParams
 from dspark_trt.spec_decode.scheduler import POLICIES, PolicyConfig
 
 log = logging.getLogger("dspark_trt.generate")
@@ -51,13 +51,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", choices=DTYPES, default="bfloat16", help="runtime dtype (default bfloat16)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads (0 = torch's default; 1 is fastest on a busy 2-core host)")
-    p.add_argument("--engine-dir", type=Path, default=None, help="a finished `dspark-trt build` directory")
+    p.add_argument("--build-dir", type=Path, default=None, help="a finished `dspark-trt build` directory")
+    p.add_argument("--engine-dir", type=Path, default=None, help="deprecated spelling of --build-dir")
     p.add_argument("--url", default=None, help="HOST:PORT of a running `dspark-trt serve` (Triton)")
     p.add_argument("--protocol", choices=("http", "grpc"), default="http", help="with --url (default http)")
     p.add_argument("--stream", action="store_true", help="with --url: stream text to stderr as it arrives")
 
 
 def _check(args: argparse.Namespace) -> None:
+    if args.engine_dir is not None:
+        log.warning("--engine-dir is deprecated; use --build-dir (it names the whole build directory)")
+        if args.build_dir is not None and args.build_dir != args.engine_dir:
+            raise InvalidArgumentError("--engine-dir and --build-dir name different builds: pass only --build-dir")
+        args.build_dir = args.engine_dir
     if args.max_new_tokens < 1:
         raise InvalidArgumentError(f"--max-new-tokens must be ≥ 1, got {args.max_new_tokens}")
     if args.gamma is not None and not 1 <= args.gamma <= 64:
@@ -66,10 +72,10 @@ def _check(args: argparse.Namespace) -> None:
         raise InvalidArgumentError(f"--temperature must be ≥ 0 (0 = greedy), got {args.temperature}")
     if not 0 < args.top_p <= 1:
         raise InvalidArgumentError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if args.url and (args.engine_dir or args.target or args.draft):
-        raise InvalidArgumentError("--url talks to a running server: drop --engine-dir/--target/--draft")
-    if args.engine_dir and (args.target or args.draft):
-        raise InvalidArgumentError("--engine-dir brings its own models: drop --target/--draft")
+    if args.url and (args.build_dir or args.target or args.draft):
+        raise InvalidArgumentError("--url talks to a running server: drop --build-dir/--target/--draft")
+    if args.build_dir and (args.target or args.draft):
+        raise InvalidArgumentError("--build-dir brings its own models: drop --target/--draft")
     if args.stream and not args.url:
         raise InvalidArgumentError("--stream needs --url (in-process generation prints the whole result)")
 
@@ -93,10 +99,10 @@ def _remote(args: argparse.Namespace) -> dict[str, Any]:
 
 def _models(args: argparse.Namespace) -> tuple[Any, Any, Any, int | None]:
     """(target, draft or None, tokenizer, drafter γ or None) for in-process generation."""
-    if args.engine_dir:
+    if args.build_dir:
         from dspark_trt.builder.artifacts import load_built_pair
 
-        pair = load_built_pair(args.engine_dir)
+        pair = load_built_pair(args.build_dir)
         return pair.target, pair.drafter, pair.tokenizer, int(pair.options.max_draft_len)
     from dspark_trt.runtime.hf_loader import load_tokenizer
 

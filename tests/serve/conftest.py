@@ -53,7 +53,7 @@ def server(tiny_build: Path) -> Iterator[TritonServer]:
 
 
 class Reference:
-    """In-process greedy generation on the same build with the plain policy (what `generate --engine-dir` runs)."""
+    """In-process greedy generation on the same build with the plain policy (what `generate --build-dir` runs)."""
 
     def __init__(self, build: Path) -> None:
         from dspark_trt.builder.artifacts import load_built_pair

@@ -76,9 +76,9 @@ def test_stop_words_and_end_id(server, reference) -> None:
 
 
 def test_cli_generate_matches_server(server, tiny_build, reference) -> None:
-    """`dspark-trt generate --engine-dir` (in process, plain) vs `dspark-trt generate --url` (this server)."""
+    """`dspark-trt generate --build-dir` (in process, plain) vs `dspark-trt generate --url` (this server)."""
     prompt, n = "class Queue:", 16
-    local = subprocess.run([sys.executable, "-m", "dspark_trt.cli", "generate", "--engine-dir", str(tiny_build),
+    local = subprocess.run([sys.executable, "-m", "dspark_trt.cli", "generate", "--build-dir", str(tiny_build),
                             "--policy", "plain", "--dtype", "float32", "--prompt", prompt, "--max-new-tokens",
                             str(n), "--json"],
                            capture_output=True, text=True)

@@ -15,11 +15,20 @@ from dspark_trt.cli import main
     (["--temperature", "-1"], "--temperature must be ≥ 0"),
     (["--gamma", "0"], "--gamma must be in [1, 64]"),
     (["--stream"], "--stream needs --url"),
-    (["--url", "localhost:8000", "--target", "x"], "drop --engine-dir/--target/--draft"),
+    (["--url", "localhost:8000", "--target", "x"], "drop --build-dir/--target/--draft"),
 ])
 def test_bad_arguments_exit_2_with_a_clear_message(extra, needle, caplog) -> None:
     assert main(["generate", "--prompt", "hi"] + extra) == 2
     assert needle in caplog.text and "InvalidArgumentError" in caplog.text
+
+
+def test_engine_dir_is_a_deprecated_spelling_of_build_dir(tmp_path, caplog) -> None:
+    assert main(["generate", "--prompt", "hi", "--engine-dir", str(tmp_path), "--target", "x"]) == 2
+    assert "--engine-dir is deprecated; use --build-dir" in caplog.text
+    assert "--build-dir brings its own models: drop --target/--draft" in caplog.text
+    caplog.clear()
+    assert main(["generate", "--prompt", "hi", "--engine-dir", str(tmp_path), "--build-dir", str(tmp_path / "b")]) == 2
+    assert "name different builds" in caplog.text
 
 
 def test_url_goes_through_the_serve_client(monkeypatch, capsys) -> None:

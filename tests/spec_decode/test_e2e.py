@@ -150,8 +150,9 @@ def test_default_target_lossless(default_target_dir: Path) -> None:
     assert accepted > 0
 
 
-def test_generate_cli_from_a_build(tiny_pair, tmp_path, capsys) -> None:
-    """`generate --engine-dir` runs the exported TRT-LLM checkpoints of a build; same tokens as the HF dirs."""
+def test_generate_cli_from_a_build(tiny_pair, tmp_path, capsys, caplog) -> None:
+    """`generate --build-dir` runs the exported TRT-LLM checkpoints of a build; same tokens as the HF dirs.
+    The old spelling --engine-dir still works and logs a deprecation warning."""
     from dspark_trt.cli import main
 
     out_dir = tmp_path / "build"
@@ -160,11 +161,15 @@ def test_generate_cli_from_a_build(tiny_pair, tmp_path, capsys) -> None:
                  "--max-seq-len", "256", "--max-draft-len", "4", "--no-bench"]) == 0
     capsys.readouterr()
     args = ["generate", "--prompt", "class A:", "--max-new-tokens", "16", "--json", "--policy", "fixed", "--k", "3"]
-    assert main(args + ["--engine-dir", str(out_dir)]) == 0
+    assert main(args + ["--build-dir", str(out_dir)]) == 0
     built = json.loads(capsys.readouterr().out)
     assert main(args + ["--target", str(tiny_pair.target), "--draft", str(tiny_pair.draft), "--dtype", "float32"]) == 0
     direct = json.loads(capsys.readouterr().out)
     assert built["token_ids"] == direct["token_ids"] and built["stats"]["drafted_tokens"] > 0
+    assert "deprecated" not in caplog.text
+    assert main(args + ["--engine-dir", str(out_dir)]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == built["token_ids"]
+    assert "--engine-dir is deprecated; use --build-dir" in caplog.text
 
 
 def test_bench_writes_a_report(tiny_pair, tmp_path, capsys) -> None:
