@@ -9,11 +9,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from dspark_trt.runtime.backend import SpecBackend
 from dspark_trt.spec_decode.loop import LoopConfig, generate
 from dspark_trt.spec_decode.protocols import SamplingParams
 from dspark_trt.spec_decode.scheduler import PolicyConfig
-
-backend_mod = pytest.importorskip("dspark_trt.runtime.backend", reason="runtime backend not landed yet")
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +27,7 @@ def tiny_runtime(tiny_pair):  # noqa: ANN001, ANN201
 
 
 def _backend(target, drafter, max_batch: int = 4, max_seq: int = 256):  # noqa: ANN001, ANN202
-    return backend_mod.SpecBackend(target, drafter, max_batch=max_batch, max_seq=max_seq)
+    return SpecBackend(target, drafter, max_batch=max_batch, max_seq=max_seq)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
