@@ -316,7 +316,7 @@ def runtime_tokens_per_s() -> dict[str, Any]:
             nxt = target(nxt, cache, slots, logits="last").logits[:, -1].argmax(-1, keepdim=True)
     sync()
     out["plain_causallm_tok_s"] = round(new / (time.monotonic() - t), 1)
-    # the speculative loop through SpecBackend (runtime engineer's backend.py) with plain and DSpark drafting
+    # the speculative loop through SpecBackend (runtime/backend.py) with plain and DSpark drafting
     try:
         out.update(_spec_loop(target, prompt, new))
     except ModuleNotFoundError as exc:

@@ -5,7 +5,7 @@ draft_tokens_external, max_draft_len = γ, paged KV cache, paged context FMHA, g
 and for an LM draft; the equivalent `trtllm-build` command lines; and, when tensorrt_llm 1.2.x is importable,
 building the engines through the Python API (PretrainedConfig.from_json_file → MODEL_MAP[arch].from_checkpoint
 per rank → tensorrt_llm.builder.build → Engine.save), one process per rank under `mpirun -n TP` (mpi4py).
-Our TensorRT plugins (kernels engineer's `dspark_trt.kernels.trt.register_all`) are registered first. Without
+Our TensorRT plugins (`dspark_trt.kernels.trt.register_all`) are registered first. Without
 TensorRT-LLM the stage writes engines/build_engines.sh + engines/{target,draft}.build_config.json and
 engines/NOT_BUILT.txt saying why; the pipeline then continues on the reference runtime.
 Every flag and key here is checked against TensorRT-LLM 1.2.1 names in tests/builder/trtllm_1_2_1_names.json.
@@ -32,7 +32,7 @@ SUPPORTED_LINE = "1.2"
 # tensorrt_llm.models.modeling_utils.SpeculativeDecodingMode is an IntFlag (NONE = 1, DRAFT_TOKENS_EXTERNAL = 2);
 # TRT-LLM serialises it as its integer value and KVCacheType as its name in engine/build config JSON.
 SPEC_MODE_VALUE: dict[str | None, int] = {None: 1, "draft_tokens_external": 2}
-PLUGIN_REGISTRATION_MODULE = "dspark_trt.kernels.trt"  # kernels engineer's module: register_all(arch) -> names
+PLUGIN_REGISTRATION_MODULE = "dspark_trt.kernels.trt"  # register_all(arch) -> names
 TOKENS_PER_BLOCK = 32
 
 
@@ -151,8 +151,8 @@ def write_engine_plan(engines: Path, opts: BuildOptions, target_ckpt: Path, draf
         facts["build_configs"].append("engines/draft.build_config.json")
     else:
         lines += ["# draft: the DSpark drafter (architecture DSparkDrafter) is not in TensorRT-LLM's MODEL_MAP, so",
-                  "# trtllm-build cannot compile it; it runs in the reference runtime (or as the kernels engineer's",
-                  "# block_draft TensorRT plugin). See docs/build.md."]
+                  "# trtllm-build cannot compile it; it runs in the reference runtime (or as our block_draft",
+                  "# TensorRT plugin). See docs/build.md."]
         facts["draft_engine"] = "not buildable: DSparkDrafter has no TensorRT-LLM model class"
     script = engines / "build_engines.sh"
     script.write_text("\n".join(lines) + "\n")
@@ -164,7 +164,7 @@ def write_engine_plan(engines: Path, opts: BuildOptions, target_ckpt: Path, draf
 
 
 def register_plugins() -> tuple[str, ...]:
-    """Register our TensorRT plugins (lazy import of the kernels engineer's module)."""
+    """Register our TensorRT plugins (lazy import of dspark_trt.kernels.trt)."""
     mod = importlib.import_module(PLUGIN_REGISTRATION_MODULE)
     return tuple(mod.register_all())
 

@@ -2,7 +2,7 @@
 
 Owns: resolving the default pair, checking each directory (config.json readable, a supported
 architecture, a tokenizer that loads, every *.safetensors file complete — a corrupt or truncated file
-is named in the CheckpointError), the shared-vocabulary check (the drafter engineer's
+is named in the CheckpointError), the shared-vocabulary check (the drafters'
 check_same_vocabulary), and the free-disk estimate. Must not load weights into a model.
 """
 from __future__ import annotations

@@ -171,7 +171,7 @@ class SpecBackend:
                sampling: Sequence[SamplingParams], positions: torch.Tensor | None = None) -> Any:
         """→ spec_decode.accept.AcceptResult via runtime.dispatch. positions [B] (absolute position of d_1) default to
         the last verify's: its pre-verify cache length + 1 (= committed tokens incl. the prompt)."""
-        from dspark_trt.runtime import dispatch  # owned by the kernels engineer; lazy to keep imports light
+        from dspark_trt.runtime import dispatch  # lazy: keeps triton out of CPU-only imports
 
         if positions is None and not all(sp.greedy for sp in sampling) and self._pending is not None:
             if self._pending.tokens.shape[0] == logits.shape[0]:

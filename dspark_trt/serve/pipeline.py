@@ -1,7 +1,7 @@
 """What the served models load from a build directory: the tokenizer, the limits, and the speculative backend.
 
 Owns `ServeConfig` (config.pbtxt parameters → typed, frozen), `load_tokenizer_for`, `load_backend` (the
-build engineer's load_built_pair + the runtime's SpecBackend) and `make_batcher` (backend → metrics-timed,
+builder's load_built_pair + the runtime's SpecBackend) and `make_batcher` (backend → metrics-timed,
 overload-gated RoundScheduler → InflightBatcher). Used by dspark_trt.serve.triton_models; no pb_utils here.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ backend directory, build the environment the python-backend stub needs, start, w
 Owns: `TritonServer` (context manager), `find_triton()`, `prepare_backend_dir()`, `server_env()`.
 Knows nothing about DSpark or the models in the repository.
 
-Facts this follows (shared/research/triton-on-cpu.md): the stub must be symlinked (a copy loses its $ORIGIN
+Facts about the python-backend stub this follows: it must be symlinked (a copy loses its $ORIGIN
 RUNPATH); the stub embeds Python in isolated mode, ignores PYTHONPATH and finds its prefix by searching PATH
 for `python3`, so the venv's bin goes first in PATH; LD_LIBRARY_PATH gets the interpreter's LIBDIR so the stub
 loads the same libpython. A crashed stub leaves /dev/shm/triton_python_backend_shm_region_* behind: stop()
