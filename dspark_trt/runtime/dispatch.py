@@ -1,9 +1,12 @@
-"""The one dispatch point between the runtime and the kernels.
+"""The one dispatch point between the runtime and the kernels: acceptance and draft sampling.
 
 Owns the routing decision only: CUDA tensors + importable OpenAI Triton → dspark_trt/kernels/ kernels;
-anything else → the torch reference (dspark_trt.spec_decode.accept for acceptance; dspark_trt/kernels/block_draft/reference.py,
-written in the DSpark drafter's own terms, for the Markov block). It holds no algorithm code of its own and
-never imports tensorrt. The reference modules are imported lazily so this file imports before they exist.
+anything else → the torch reference (dspark_trt.spec_decode.accept for acceptance;
+dspark_trt/kernels/block_draft/reference.py, written in the DSpark drafter's own terms, for draft sampling).
+Every drafter samples through here (`markov_block` for the DSpark Markov head, `draft_tokens` for drafters
+without one), so drafting and acceptance share one counter-based RNG (spec_decode.rng, keyed on seed, absolute
+position and draw stream) and one temperature + top-p transform (spec_decode.accept.target_probs). It holds no
+algorithm code of its own and never imports tensorrt. Kernel and reference modules are imported lazily.
 """
 from __future__ import annotations
 
@@ -136,11 +139,19 @@ def accept(
     return res if dev == cpu else _result_to(res, dev)
 
 
+@functools.lru_cache(maxsize=8)
+def _zero_head(vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A rank-1 all-zero Markov head (W1 [V, 1], W2 [V, 1]): bias 0, so the kernel samples each position from U
+    alone — bit-for-bit what the reference does without a head (U + 0.0 = U)."""
+    z = torch.zeros(vocab, 1, dtype=torch.float32, device=device)
+    return z, z
+
+
 def markov_block(
     backbone_logits: torch.Tensor,  # [B, γ, Vd] U_1..U_γ (float32)
     anchor: torch.Tensor,  # [B] long target ids x_0
-    w1: torch.Tensor,  # [Vt, r] markov_w1.weight
-    w2: torch.Tensor,  # [Vd, r] markov_w2.weight (nn.Linear layout)
+    w1: torch.Tensor | None,  # [Vt, r] markov_w1.weight; None (with w2): no Markov head, see draft_tokens
+    w2: torch.Tensor | None,  # [Vd, r] markov_w2.weight (nn.Linear layout)
     sampling: Sequence[SamplingParams],
     positions: torch.Tensor,  # [B] int64 absolute position of d_1 (RNG key)
     d2t: torch.Tensor | None = None,  # [Vd] long draft id → target id
@@ -148,13 +159,18 @@ def markov_block(
     w_conf: torch.Tensor | None = None,  # [r] f32: the W1 half of the confidence weight
     conf_temp: torch.Tensor | None = None,  # [γ] f32 confidence temperatures
 ) -> Any:
-    """γ DSpark Markov steps left to right → dspark_trt.kernels.block_draft.reference.MarkovBlock(tokens [B, γ] target ids,
-    q [B, γ, Vd] f32 over the draft vocabulary, conf [B, γ] | None). One kernel launch on CUDA (top_p = 1);
-    the torch reference (same semantics, incl. the STREAM_DRAFT exponential race) elsewhere."""
+    """γ DSpark Markov steps left to right → dspark_trt.kernels.block_draft.reference.MarkovBlock(tokens [B, γ]
+    target ids, q [B, γ, Vd] f32 over the draft vocabulary, conf [B, γ] | None). Sampled rows draw token k with
+    the STREAM_DRAFT race keyed (seed, positions + k − 1). The block_draft kernel on CUDA (top_p = 1); the torch
+    reference (same semantics, same bits for the tokens) elsewhere."""
     if backbone_logits.dim() != 3 or backbone_logits.shape[0] != len(sampling):
         raise InvalidArgumentError(
             f"markov_block expects U [B, γ, V] and B sampling params; got {tuple(backbone_logits.shape)} and "
             f"{len(sampling)}")
+    if (w1 is None) != (w2 is None) or (w1 is None and (d2t is not None or conf_bias is not None)):
+        raise InvalidArgumentError("markov_block: pass W1 and W2 together; without a Markov head (W1 = W2 = None) "
+                                   "also pass d2t = conf_bias = None (map draft ids and compute confidences "
+                                   "outside)")
     dev = backbone_logits.device
     temperature, top_p, seeds = sampling_tensors(sampling, dev)
     positions = positions.to(device=dev, dtype=torch.int64)
@@ -164,7 +180,25 @@ def markov_block(
     if use_kernels(backbone_logits, w1, w2) and all(s.top_p >= 1.0 for s in sampling):
         from dspark_trt.kernels import api
 
+        if w1 is None:  # no head: ids stay < Vd, so a [Vd, 1] W1 covers every anchor the kernel gathers
+            w1, w2 = _zero_head(backbone_logits.shape[-1], dev)
+            anchor = torch.zeros_like(anchor)
         return api.markov_block(backbone_logits, anchor, w1, w2, temperature, seeds, positions, **extra)
     from dspark_trt.kernels.block_draft import reference
 
     return reference.markov_block(backbone_logits, anchor, w1, w2, temperature, seeds, positions, top_p, **extra)
+
+
+def draft_tokens(
+    logits: torch.Tensor,  # [B, T, V] draft logits at T independent positions (float32)
+    sampling: Sequence[SamplingParams],
+    positions: torch.Tensor,  # [B] int64 absolute position of the first of the T tokens
+) -> Any:
+    """Token choice of a drafter without a Markov head (LM drafters: T = 1 per step; PARD: T = γ in one pass)
+    → MarkovBlock(tokens [B, T], q [B, T, V] f32, conf None): greedy rows take the argmax, sampled rows the
+    STREAM_DRAFT race over target_probs(logits, T, top_p) keyed (seed, positions + t). The same kernel as
+    markov_block on CUDA (with an all-zero head), reference.sample_block elsewhere."""
+    if logits.dim() != 3:
+        raise InvalidArgumentError(f"draft_tokens expects logits [B, T, V], got {tuple(logits.shape)}")
+    anchor = torch.zeros(logits.shape[0], dtype=torch.long, device=logits.device)
+    return markov_block(logits, anchor, None, None, sampling, positions)

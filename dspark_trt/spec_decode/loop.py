@@ -7,11 +7,15 @@ statistics. Lossless: every committed token is the target's own greedy choice (o
 Knows nothing of model code, KV-cache layout, Triton or tritonclient: only the Backend protocol.
 
 Positions: a request with n committed tokens (prompt + generated) has its anchor at position n − 1; d_1 sits at
-position n, which is the `positions` RNG key of spec_decode.accept.sample_accept and the first-token sample.
+position n, which is the `positions` RNG key the loop hands to backend.draft (STREAM_DRAFT) and backend.accept
+(STREAM_ACCEPT / STREAM_RESAMPLE), and of the first-token sample.
+
+Overload: `RoundScheduler.speculate` (a constructor argument, settable between steps) turns speculation off —
+every request's K is 0 and the drafter is not run — without changing any output (plain rounds commit the
+target's own tokens). The serving worker clears it while its queue is deeper than MAX_QUEUE.
 """
 from __future__ import annotations
 
-import inspect
 import itertools
 import logging
 import random
@@ -24,7 +28,8 @@ from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode import accept as spec_accept
 from dspark_trt.spec_decode.accept import AcceptResult
 from dspark_trt.spec_decode.protocols import Backend, DraftBlock, SamplingParams
-from dspark_trt.spec_decode.scheduler import CostTable, PolicyConfig, PolicyState, observe, schedule_batch
+from dspark_trt.spec_decode.scheduler import (CostTable, PolicyConfig, PolicyState, observe, plan_drafting,
+                                              schedule_batch)
 from dspark_trt.spec_decode.stats import RoundRecord, SpecStats
 
 log = logging.getLogger(__name__)
@@ -60,10 +65,6 @@ class Request:
             raise InvalidArgumentError("prompt_ids must contain at least one token; pass a non-empty prompt")
         if self.max_new_tokens < 1:
             raise InvalidArgumentError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
-        if self.sampling.temperature < 0:
-            raise InvalidArgumentError(f"temperature must be ≥ 0 (0 = greedy), got {self.sampling.temperature}")
-        if not 0.0 < self.sampling.top_p <= 1.0:
-            raise InvalidArgumentError(f"top_p must be in (0, 1], got {self.sampling.top_p}")
         if any(len(s) == 0 for s in self.stop_sequences):
             raise InvalidArgumentError("stop sequences must be non-empty token-id sequences")
 
@@ -105,21 +106,23 @@ def _stop_reason(req: Request, tokens: list[int]) -> str | None:
 
 
 class RoundScheduler:
-    """Continuous batching of speculative rounds over one Backend."""
+    """Continuous batching of speculative rounds over one Backend.
 
-    def __init__(self, backend: Backend, config: LoopConfig = LoopConfig()) -> None:
+    speculate: True → each request drafts and verifies up to its policy's K; False → plain rounds (K = 0 for
+    everyone, drafter not called), same output, no drafting cost. Read at every step(), so a caller may flip it
+    between steps (serve.worker does under overload).
+    """
+
+    def __init__(self, backend: Backend, config: LoopConfig = LoopConfig(), speculate: bool = True) -> None:
         self.backend = backend
         self.config = config
+        self.speculate = speculate
         self._ids = itertools.count()
         self._waiting: list[tuple[int, Request]] = []
         self._active: dict[int, _Active] = {}
         self._free = list(range(backend.max_batch))
         self.totals = SpecStats(keep_rounds=False)  # finished + cancelled requests (counters only)
         self.batched_rounds = 0
-        try:
-            self._accept_positions = "positions" in inspect.signature(backend.accept).parameters
-        except (TypeError, ValueError):
-            self._accept_positions = False
 
     # ---- requests -------------------------------------------------------------------------------------
     def add(self, request: Request) -> int:
@@ -221,7 +224,10 @@ class RoundScheduler:
                 self._release(act)
 
     def _caps(self, acts: list[_Active]) -> list[int]:
-        """The most each request may verify: γ, its policy's ceiling, tokens left − 1, cache room."""
+        """The most each request may verify: γ, its policy's ceiling, tokens left − 1, cache room (0 for all
+        while speculation is off)."""
+        if not self.speculate:
+            return [0] * len(acts)
         caps = []
         for a in acts:
             left = a.req.max_new_tokens - len(a.tokens) - 1
@@ -237,9 +243,11 @@ class RoundScheduler:
         if not rows:
             return None, [], False
         gamma = max(caps[i] for i in rows)
-        anchors = torch.tensor([acts[i].tokens[-1] for i in rows], dtype=torch.long)
+        anchors = torch.tensor([acts[i].tokens[-1] for i in rows], dtype=torch.long)  # [R]
+        positions = torch.tensor([acts[i].n_committed for i in rows], dtype=torch.long)  # [R] position of d_1
         try:
-            block = self.backend.draft([acts[i].slot for i in rows], anchors, gamma, [acts[i].req.sampling for i in rows])
+            block = self.backend.draft([acts[i].slot for i in rows], anchors, gamma,
+                                       [acts[i].req.sampling for i in rows], positions)
         except Exception as exc:  # noqa: BLE001 - any drafter failure → plain decoding this round
             log.warning("drafter failed (%s: %s); this round runs as plain decoding", type(exc).__name__, exc)
             return None, rows, True
@@ -259,25 +267,18 @@ class RoundScheduler:
         sampling = [a.req.sampling for a in acts]
         positions = torch.tensor([a.n_committed for a in acts], dtype=torch.long, device=dev)  # [B] position of d_1
         draft, k = draft.to(dev), k.to(dev)
-        if all(s.greedy for s in sampling):
-            res = self.backend.accept(logits, draft, k, None, sampling)
-        else:
+        if not all(s.greedy for s in sampling):
             if q is None:  # only reached with K = 0 everywhere (see _round): bonus sampling from p
                 q = torch.zeros(logits.shape[0], logits.shape[1] - 1, logits.shape[2])  # [B, K, V]
             q = q.to(dev)
-            if self._accept_positions:
-                res = self.backend.accept(logits, draft, k, q, sampling, positions=positions)  # type: ignore[call-arg]
-            else:
-                res = spec_accept.sample_accept(
-                    logits, draft, q, k, torch.tensor([s.temperature for s in sampling], device=dev),
-                    torch.tensor([s.top_p for s in sampling], device=dev),
-                    torch.tensor([int(s.seed or 0) for s in sampling], device=dev), positions)
+        res = self.backend.accept(logits, draft, k, q, sampling, positions)
         return AcceptResult(res.accepted.cpu(), res.next_token.cpu(), res.top1.cpu(), res.margin.cpu())
 
     def _round(self, events: dict[int, RoundEvent]) -> None:
         acts = list(self._active.values())
         b = len(acts)
-        caps = self._caps(acts)
+        caps = plan_drafting([a.req.policy for a in acts], [a.state for a in acts], self._caps(acts),
+                             self.config.cost_table)  # survival rows the drafter cannot pay for are not drafted
         block, rows, failed = self._draft(acts, caps)
         gamma = max((caps[i] for i in rows), default=0)
         conf_all = None
@@ -307,7 +308,7 @@ class RoundScheduler:
         for i, act in enumerate(acts):
             n_acc = int(res.accepted[i])
             conf = observe(act.req.policy, act.state, ks[i], n_acc, res.top1[i], res.margin[i])
-            toks = [int(t) for t in draft[i, :n_acc].tolist()] + [int(res.next_token[i])]
+            toks = res.committed(draft, i)
             before = len(act.tokens)
             done = self._emit(events, act, toks)
             rec = RoundRecord(ks[i], n_acc, conf, len(act.tokens) - before, fallback=failed and i in rows)

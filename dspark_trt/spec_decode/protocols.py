@@ -1,28 +1,26 @@
 """Contracts between the algorithm (dspark_trt.spec_decode) and whatever executes models.
 
-spec/ owns these types; runtime/ implements them. Nothing here imports torch model code,
+spec_decode/ owns these types; runtime/ implements them. Nothing here imports torch model code,
 Triton or tritonclient. Shapes: B requests in a round, γ block size, K ≤ γ verify length,
 V vocabulary, F = len(target_layer_ids) * hidden_size draft features.
+
+Positions: a request with n committed tokens (prompt + generated) has its anchor at absolute position n − 1
+and d_1 at position n. `positions` [B] below is always that n — the RNG key of draft sampling
+(spec_decode.rng STREAM_DRAFT, d_j at positions + j − 1) and of acceptance (STREAM_ACCEPT / STREAM_RESAMPLE).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import torch
 
+from dspark_trt.spec_decode.sampling import SamplingParams
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """Per-request sampling settings; the drafter and the target always use the same ones."""
+if TYPE_CHECKING:
+    from dspark_trt.spec_decode.accept import AcceptResult
 
-    temperature: float = 0.0  # 0 → greedy
-    top_p: float = 1.0
-    seed: int | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
+__all__ = ["Backend", "DraftBlock", "Drafter", "SamplingParams"]
 
 
 @dataclass
@@ -58,8 +56,14 @@ class Drafter(Protocol):
         anchors: torch.Tensor,  # [B] long: last committed token of each request
         gamma: int,
         sampling: Sequence[SamplingParams],
+        positions: torch.Tensor | None = None,  # [B] long: absolute position of d_1 (committed length)
     ) -> DraftBlock:
-        """Propose gamma tokens after each anchor. Must leave the context state unchanged."""
+        """Propose gamma tokens after each anchor. Must leave the context state unchanged.
+
+        Sampled rows draw d_j with spec_decode.rng's STREAM_DRAFT keyed (seed, positions + j − 1) — through
+        runtime.dispatch, never a stateful generator — so a seed fixes the draft whatever ran before. positions
+        None → the drafter's own context length + 1 (the same number: its context is every committed token
+        but the anchor)."""
 
     def release(self, slot: int) -> None:
         """Forget a slot's state."""
@@ -79,8 +83,9 @@ class Backend(Protocol):
     def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> torch.Tensor:
         """Run the prompts, feed the drafter its context; return logits at each last prompt position [B, V]."""
 
-    def draft(self, slots: Sequence[int], anchors: torch.Tensor, gamma: int, sampling: Sequence[SamplingParams]) -> DraftBlock:
-        """anchors [B] long → a DraftBlock of γ tokens per slot."""
+    def draft(self, slots: Sequence[int], anchors: torch.Tensor, gamma: int, sampling: Sequence[SamplingParams],
+              positions: torch.Tensor) -> DraftBlock:
+        """anchors [B] long, positions [B] long (absolute position of d_1) → a DraftBlock of γ tokens per slot."""
 
     def verify(self, slots: Sequence[int], tokens: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """tokens [B, Kmax+1] = [anchor, d_1..d_Kmax] (right-padded), k [B] → target logits [B, Kmax+1, V] float32.
@@ -97,8 +102,10 @@ class Backend(Protocol):
         k: torch.Tensor,  # [B] long: per-request verify length
         q: torch.Tensor | None,  # [B, K, V] draft distributions (sampling) or None (greedy)
         sampling: Sequence[SamplingParams],
-    ) -> "AcceptResult":  # noqa: F821 - defined in dspark_trt.spec_decode.accept
-        """Fused acceptance (kernels on CUDA, dspark_trt.spec_decode.accept on CPU) → AcceptResult."""
+        positions: torch.Tensor,  # [B] long: absolute position of d_1 (the RNG key of sampled rows)
+    ) -> AcceptResult:
+        """Fused acceptance (kernels on CUDA, dspark_trt.spec_decode.accept on CPU) → AcceptResult with
+        spec_decode.accept.greedy_accept / sample_accept semantics."""
 
     def release(self, slot: int) -> None:
         """Free a slot (finished or cancelled request)."""

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dspark_trt.errors import InvalidArgumentError
-from dspark_trt.runtime.backend import SlotAllocator, SpecBackend
+from dspark_trt.runtime.backend import SpecBackend
 from dspark_trt.runtime.hf_loader import load_hf_checkpoint
 from dspark_trt.runtime.model import CausalLM, greedy_decode
 from dspark_trt.spec_decode.protocols import DraftBlock, SamplingParams
@@ -37,7 +37,7 @@ def test_plain_decoding_through_prefill_verify_commit(target: CausalLM) -> None:
         anchors = torch.tensor([[o[-1]] for o in out])  # [B, 1]
         step = be.verify(slots, anchors, torch.zeros(3, dtype=torch.long))  # [B, 1, V]
         res = be.accept(step, torch.zeros(3, 0, dtype=torch.long), torch.zeros(3, dtype=torch.long), None,
-                        [GREEDY] * 3)
+                        [GREEDY] * 3, torch.tensor([be.committed_length(s) for s in slots]))
         be.commit(slots, res.accepted + 1)
         assert res.accepted.tolist() == [0, 0, 0]
         for o, t in zip(out, res.next_token.tolist()):
@@ -57,7 +57,7 @@ def test_verify_rows_with_different_k_and_rollback(target: CausalLM) -> None:
     tokens = torch.tensor([[ref0[0], ref0[1], ref0[2], ref0[3]], [ref1[0], wrong, 0, 0]])  # [B, K+1]
     k = torch.tensor([3, 1])
     logits = be.verify([0, 1], tokens, k)
-    res = be.accept(logits, tokens[:, 1:], k, None, [GREEDY] * 2)
+    res = be.accept(logits, tokens[:, 1:], k, None, [GREEDY] * 2, torch.tensor([len(PROMPTS[0]) + 1, len(PROMPTS[1]) + 1]))
     assert res.accepted.tolist() == [3, 0]
     assert res.next_token.tolist() == [ref0[4], ref1[1]]
     be.commit([0, 1], res.accepted + 1)
@@ -114,8 +114,9 @@ class FeatureProbeDrafter:
                           taps=self.target_layer_ids, logits="none").hidden[0]  # [n, F]
         torch.testing.assert_close(torch.cat(self.feats[slot]), ref, rtol=1e-4, atol=1e-4)
 
-    def propose(self, slots: torch.Tensor, anchors: torch.Tensor, gamma: int,
-                sampling: Sequence[SamplingParams]) -> DraftBlock:
+    def propose(self, slots: torch.Tensor, anchors: torch.Tensor, gamma: int, sampling: Sequence[SamplingParams],
+                positions: torch.Tensor | None = None) -> DraftBlock:
+        assert positions is not None and positions.tolist() == [len(self.ctx[s]) + 1 for s in slots.tolist()]
         self.rounds += 1
         toks = []
         for slot, anchor in zip(slots.tolist(), anchors.tolist()):
@@ -153,21 +154,12 @@ def test_backend_feeds_drafter_committed_tokens_and_target_features(target: Caus
     assert checked > 4 and sorted(probe.released) == [0, 0, 1, 1]  # prefill resets + final release
 
 
-def test_slot_allocator_and_release_reuse(target: CausalLM) -> None:
-    alloc = SlotAllocator(2)
-    a, b = alloc.acquire(), alloc.acquire()
-    assert (a, b) == (0, 1) and len(alloc) == 0
-    with pytest.raises(InvalidArgumentError, match="busy"):
-        alloc.acquire()
-    alloc.free(0)
-    assert alloc.acquire() == 0
-
+def test_release_and_slot_reuse(target: CausalLM) -> None:
     be = SpecBackend(target, None, max_batch=1, max_seq=32)
-    slot = be.acquire()
+    slot = 0
     be.prefill([slot], [PROMPTS[0]])
     be.release(slot)
     assert int(be.cache.lengths[slot]) == 0
-    slot = be.acquire()
     first = be.prefill([slot], [PROMPTS[1]]).argmax(-1)
     assert int(first) == _reference(target, PROMPTS[1], 1)[0]
 

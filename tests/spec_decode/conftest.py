@@ -56,15 +56,16 @@ class RefBackend:
             rows.append(self._logits(self.target, list(p), 1)[0])
         return torch.stack(rows)  # [B, V]
 
-    def draft(self, slots: Sequence[int], anchors: torch.Tensor, gamma: int,
-              sampling: Sequence[SamplingParams]) -> DraftBlock:
+    def draft(self, slots: Sequence[int], anchors: torch.Tensor, gamma: int, sampling: Sequence[SamplingParams],
+              positions: torch.Tensor) -> DraftBlock:
         self.draft_calls += 1
         if self.fail_draft is not None and self.fail_draft(self.draft_calls):
             raise RuntimeError("injected drafter failure")
         assert self.drafter is not None
         toks, qs, confs = [], [], []
-        for s, a, sp in zip(slots, anchors.tolist(), sampling):
+        for s, a, sp, pos in zip(slots, anchors.tolist(), sampling, positions.tolist()):
             seq = self.ctx[s] + [int(a)]
+            assert len(seq) == pos, (len(seq), pos)  # d_1 sits at the committed length
             row_t, row_q, row_c = [], [], []
             for j in range(gamma):
                 logits = self._logits(self.drafter, seq, 1)  # [1, V]
@@ -100,7 +101,7 @@ class RefBackend:
             self.ctx[s] += self.pending.pop(s)[: int(n)]
 
     def accept(self, logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, q: torch.Tensor | None,
-               sampling: Sequence[SamplingParams], positions: torch.Tensor | None = None) -> AcceptResult:
+               sampling: Sequence[SamplingParams], positions: torch.Tensor) -> AcceptResult:
         if q is None:
             return greedy_accept(logits, draft, k)
         return sample_accept(logits, draft, q, k, torch.tensor([s.temperature for s in sampling]),

@@ -1,7 +1,7 @@
-"""Torch semantics of the DSpark Markov block that the block_draft kernel reproduces (the CPU path of dispatch).
+"""Torch semantics of draft sampling that the block_draft kernel reproduces (the CPU path of runtime.dispatch).
 
-Owns the exact rule, written in the DSpark drafter's own terms (dspark_trt/runtime/drafters/dspark.py,
-DSparkDrafter.propose): with x_0 = anchor (a target id) and, for k = 1..γ,
+Owns the exact rule every drafter samples by, written in the DSpark drafter's own terms
+(dspark_trt/runtime/drafters/dspark.py): with x_0 = anchor (a target id) and, for k = 1..γ,
     w1x    = W1[x_{k-1}]                          # markov_w1.weight [Vt, r] (nn.Embedding), param dtype
     bias   = F.linear(w1x, W2).float()            # markov_w2.weight [Vd, r] (nn.Linear): rounded to param dtype
     logits = U_k + bias                           # [B, Vd] float32
@@ -11,8 +11,11 @@ DSparkDrafter.propose): with x_0 = anchor (a target id) and, for k = 1..γ,
     x_k    = d2t[i_k]                             # draft-vocab id → target id (identity without a reduced vocab)
     c_k    = sigmoid((conf_bias_k + w1x·w_conf) / conf_temp_k)    (optional; conf_bias_k = w_h·h_k + b)
 position_k = positions + k - 1 (positions = absolute position of d_1, as in spec_decode.accept.sample_accept).
-The drafter samples with torch.multinomial today; kernels need the counter-based race above (docs/plugins.md).
-Pure torch; no triton.
+Without a Markov head (w1 = w2 = None: LM / PARD drafters, DSpark drafters built without one) the bias is 0 and
+each position is sampled from U_k alone — `sample_block`. q is the serving distribution of
+spec_decode.accept.target_probs (the same temperature + top-p as the target's), and the only randomness is
+spec_decode.rng on STREAM_DRAFT, distinct from acceptance's streams, so draft and accept draws are independent
+and a seed fixes the draft. Pure torch; no triton.
 """
 from __future__ import annotations
 
@@ -23,9 +26,7 @@ import torch.nn.functional as F
 
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode import rng
-from dspark_trt.spec_decode.accept import target_probs
-
-_U_OFFSET = 2.0 ** -25
+from dspark_trt.spec_decode.accept import exponential_race, target_probs
 
 
 class MarkovBlock(NamedTuple):
@@ -41,11 +42,52 @@ def draft_race(
     seeds: torch.Tensor,  # [B] int64
     positions: torch.Tensor,  # [B] int64
 ) -> torch.Tensor:  # [B] long
-    """Exponential race on STREAM_DRAFT: argmax_v weights_v / -log(u_v + 2**-25), lowest index on ties."""
-    lanes = torch.arange(weights.shape[-1], dtype=torch.int64, device=weights.device).unsqueeze(0)  # [1, V]
-    u = rng.uniform((seeds.to(torch.int64) & rng.MASK32).unsqueeze(1), positions.to(torch.int64).unsqueeze(1),
-                    rng.STREAM_DRAFT, lanes)  # [B, V]
-    return (weights.float() / -torch.log(u + _U_OFFSET)).argmax(dim=-1)
+    """spec_decode.accept.exponential_race on STREAM_DRAFT: argmax_v weights_v / -log(u_v + 2**-25), lowest
+    index on ties (the acceptance's own race, on the drafter's stream)."""
+    return exponential_race(weights, seeds, positions, stream=rng.STREAM_DRAFT)
+
+
+def pick(
+    logits: torch.Tensor,  # [B, Vd] float32
+    temperature: torch.Tensor,  # [B] f32 (≤ 0 → greedy)
+    top_p: torch.Tensor,  # [B] f32
+    seeds: torch.Tensor,  # [B] int64
+    positions: torch.Tensor,  # [B] int64 absolute position of this draft token
+) -> tuple[torch.Tensor, torch.Tensor]:  # (ids [B] long, q [B, Vd] float32)
+    """One draft position: q = target_probs(logits, T, top_p) (one-hot argmax for greedy rows); sampled rows
+    take the STREAM_DRAFT race over q, greedy rows the argmax (lowest index on ties)."""
+    greedy_ids = logits.argmax(dim=-1)  # [B]
+    sampled = temperature > 0
+    if not bool(sampled.any()):  # = target_probs for T ≤ 0, without the softmax
+        return greedy_ids, F.one_hot(greedy_ids, logits.shape[-1]).to(torch.float32)
+    q = target_probs(logits, temperature, top_p)  # [B, Vd]
+    return torch.where(sampled, draft_race(q, seeds, positions), greedy_ids), q
+
+
+def _rows(b: int, dev: torch.device, temperature: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+          top_p: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row (temperature, top_p, seeds, positions) broadcast to [B] on `dev`."""
+    t = temperature.float().to(dev).expand(b)
+    tp = torch.ones(b, device=dev) if top_p is None else top_p.float().to(dev).expand(b)
+    return t, tp, seeds.to(dev).expand(b), positions.to(device=dev, dtype=torch.int64).expand(b)
+
+
+def sample_block(
+    logits: torch.Tensor,  # [B, T, V] float32: T independent draft positions
+    temperature: torch.Tensor,  # [B] f32 (≤ 0 → greedy)
+    seeds: torch.Tensor,  # [B] int64
+    positions: torch.Tensor,  # [B] int64 absolute position of the first of the T tokens
+    top_p: torch.Tensor | None = None,  # [B] f32 in (0, 1]
+) -> MarkovBlock:
+    """T draft positions with no Markov head (token t at positions + t) → MarkovBlock(tokens [B, T], q [B, T, V],
+    conf None); equal to markov_block with w1 = w2 = None."""
+    b, n, v = logits.shape
+    t, tp, seeds, positions = _rows(b, logits.device, temperature, seeds, positions, top_p)
+    toks = torch.empty(b, n, dtype=torch.long, device=logits.device)
+    q = torch.empty(b, n, v, dtype=torch.float32, device=logits.device)
+    for i in range(n):
+        toks[:, i], q[:, i] = pick(logits[:, i].float(), t, tp, seeds, positions + i)
+    return MarkovBlock(toks, q, None)
 
 
 def check_shapes(backbone_logits: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> tuple[int, int, int, int]:
@@ -64,8 +106,8 @@ def check_shapes(backbone_logits: torch.Tensor, w1: torch.Tensor, w2: torch.Tens
 def markov_block(
     backbone_logits: torch.Tensor,  # [B, γ, Vd] U (float32)
     anchor: torch.Tensor,  # [B] long target ids x_0
-    w1: torch.Tensor,  # [Vt, r]
-    w2: torch.Tensor,  # [Vd, r]
+    w1: torch.Tensor | None,  # [Vt, r]; None with w2 = None: no Markov head (sample_block)
+    w2: torch.Tensor | None,  # [Vd, r]
     temperature: torch.Tensor,  # [B] f32 (≤ 0 → greedy)
     seeds: torch.Tensor,  # [B] int64
     positions: torch.Tensor,  # [B] int64 absolute position of d_1
@@ -76,12 +118,14 @@ def markov_block(
     conf_temp: torch.Tensor | None = None,  # [γ] f32
 ) -> MarkovBlock:
     """γ Markov steps left to right (the semantics above)."""
+    if w1 is None or w2 is None:
+        if w1 is not None or w2 is not None or d2t is not None or conf_bias is not None:
+            raise InvalidArgumentError("markov_block without a Markov head takes w1 = w2 = d2t = conf_bias = None "
+                                       "(each position sampled from U alone); pass both W1 and W2 otherwise")
+        return sample_block(backbone_logits, temperature, seeds, positions, top_p)
     b, gamma, vd, _ = check_shapes(backbone_logits, w1, w2)
     dev = backbone_logits.device
-    t = temperature.float().to(dev).expand(b)
-    tp = torch.ones(b, device=dev) if top_p is None else top_p.float().to(dev).expand(b)
-    seeds = seeds.to(dev).expand(b)
-    positions = positions.to(device=dev, dtype=torch.int64).expand(b)
+    t, tp, seeds, positions = _rows(b, dev, temperature, seeds, positions, top_p)
     prev = anchor.to(device=dev, dtype=torch.long)
     toks = torch.empty(b, gamma, dtype=torch.long, device=dev)
     q = torch.empty(b, gamma, vd, dtype=torch.float32, device=dev)
@@ -90,8 +134,7 @@ def markov_block(
     for i in range(gamma):
         w1x = w1[prev]  # [B, r]
         logits = backbone_logits[:, i].float() + F.linear(w1x, w2).float()  # [B, Vd]
-        qi = target_probs(logits, t, tp)  # [B, Vd]
-        idx = torch.where(t > 0, draft_race(qi, seeds, positions + i), logits.argmax(dim=-1))
+        idx, qi = pick(logits, t, tp, seeds, positions + i)  # [B], [B, Vd]
         prev = idx if d2t is None else d2t.to(dev)[idx]
         toks[:, i] = prev
         q[:, i] = qi

@@ -6,6 +6,8 @@ Owns: ctx = RMSNorm(fc(concat of target-layer taps)); decoder layers attending t
 reference, never stored); an optional reduced draft vocabulary (d2t map); the low-rank Markov head
 p_k = softmax(U_k + W2·W1[x_{k−1}]) sampled left to right; the confidence head
 c_k = σ((w·[h_k; W1[x_{k−1}]] + b) / T_k). The runtime keeps per-slot context KV; block KV is never kept.
+The γ Markov steps (token choice, q, c_k) run through runtime.dispatch.markov_block: the block_draft kernel on
+CUDA, its torch reference on CPU, sampling with spec_decode.rng's STREAM_DRAFT keyed on (seed, position).
 Training losses and data live in dspark_trt.train; this module knows nothing about them.
 """
 from __future__ import annotations
@@ -16,10 +18,12 @@ from typing import Sequence
 import torch
 from torch import nn
 
+import torch.nn.functional as F
+
 from dspark_trt.errors import DrafterError
+from dspark_trt.runtime import dispatch
 from dspark_trt.runtime.drafters.config import DSparkConfig
 from dspark_trt.runtime.drafters.layers import DSparkLayer, RMSNorm
-from dspark_trt.runtime.drafters.sampling import pick_tokens
 from dspark_trt.spec_decode.protocols import DraftBlock, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -125,6 +129,18 @@ class DSparkModel(nn.Module):
         x = torch.cat([h, w1x.to(h.dtype)], dim=-1) if self.cfg.confidence_head_with_markov and w1x is not None else h
         return self.confidence(x).squeeze(-1).float()
 
+    def confidence_parts(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The confidence head split for the Markov block: h [..., d] → (conf_bias [...] f32 = w_h·h + b,
+        w_conf [r] f32 = the weight's W1 half, or None when the head takes no Markov input); None without a head.
+        confidence_logit(h, W1[x]) = conf_bias + W1[x]·w_conf (in float32)."""
+        if not self.cfg.enable_confidence_head:
+            return None
+        w, b = self.confidence.weight.float(), self.confidence.bias.float()  # [1, d (+ r)], [1]
+        d = self.cfg.hidden_size
+        bias = F.linear(h.float(), w[:, :d], b).squeeze(-1)  # [...]
+        with_markov = self.cfg.has_markov and self.cfg.confidence_head_with_markov
+        return bias, (w[0, d:] if with_markov else None)
+
     # -- training forward (teacher-forced, many anchors per sequence) --
     def forward_train(self, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor,
                       gamma: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -163,7 +179,6 @@ class DSparkDrafter:
         self._k: list[torch.Tensor] = []
         self._v: list[torch.Tensor] = []
         self._len = torch.zeros(0, dtype=torch.long)
-        self._gen = torch.Generator().manual_seed(0)
 
     @property
     def device(self) -> torch.device:
@@ -215,14 +230,17 @@ class DSparkDrafter:
         return int(self._len[slot])
 
     @torch.inference_mode()
-    def propose(self, slots: torch.Tensor, anchors: torch.Tensor, gamma: int,
-                sampling: Sequence[SamplingParams]) -> DraftBlock:
+    def propose(self, slots: torch.Tensor, anchors: torch.Tensor, gamma: int, sampling: Sequence[SamplingParams],
+                positions: torch.Tensor | None = None) -> DraftBlock:
+        """γ tokens after each anchor (the prefix of the full block, so different γ agree); positions [B] =
+        absolute position of d_1, the sampling key (None → context length + 1)."""
         s = self._check_slots(slots)
         if not 1 <= gamma <= self.gamma:
             raise DrafterError(f"gamma={gamma} outside 1..{self.gamma} (the drafter's block_size). "
                                "Fix: ask for at most block_size tokens.")
         m, G, dev = self.model, self.gamma, self.device
-        lens = self._len[s].to(dev)  # [B]
+        lens = self._len[s].to(dev)  # [B] context length = position of the anchor
+        pos_d1 = lens + 1 if positions is None else torch.as_tensor(positions).to(dev)  # [B]
         B, C = len(s), max(1, int(lens.max()))
         idx = torch.tensor(s, device=dev)
         kv = [(k.index_select(0, idx)[:, :, :C], v.index_select(0, idx)[:, :, :C]) for k, v in zip(self._k, self._v)]
@@ -231,23 +249,27 @@ class DSparkDrafter:
         pos = lens[:, None] + torch.arange(G, device=dev)  # [B, G]
         anchors = anchors.to(dev)
         hid = m.backbone(m.block_input(anchors, G), pos, kv, mask)  # [B, G, d]
-        U = m.base_logits(hid)  # [B, G, Vd]
-        need_q = any(not p.greedy for p in sampling)
-        toks = torch.empty(B, gamma, dtype=torch.long, device=dev)
-        q = torch.zeros(B, gamma, self.vocab_size, device=dev) if need_q else None
-        conf = torch.empty(B, gamma, device=dev) if m.cfg.enable_confidence_head else None
-        prev = anchors
-        for k in range(gamma):  # sequential Markov sampling
-            w1x = m.markov_embed(prev)
-            logits = U[:, k] + m.markov_bias(w1x)  # [B, Vd]
-            if conf is not None:
-                conf[:, k] = torch.sigmoid(m.confidence_logit(hid[:, k], w1x) / m.conf_temperature[k])
-            dtok, probs = pick_tokens(logits, sampling, self._gen)  # [B] draft ids, [B, Vd] | None
-            prev = m.d2t[dtok]
-            toks[:, k] = prev
-            if q is not None:
-                q[:, k].scatter_(1, m.d2t.expand(B, -1), probs)
-        return DraftBlock(tokens=toks.cpu(), q=None if q is None else q.cpu(),
+        U = m.base_logits(hid)[:, :gamma]  # [B, γ, Vd]; the full block's shapes, so every γ gets the same bits
+        conf_parts = m.confidence_parts(hid)  # ([B, G], [r] | None) | None
+        conf_bias, w_conf = (conf_parts[0][:, :gamma], conf_parts[1]) if conf_parts is not None else (None, None)
+        temps = m.conf_temperature[:gamma].to(dev)  # [γ]
+        reduced = m.cfg.head_vocab != self.vocab_size
+        if m.cfg.has_markov:
+            blk = dispatch.markov_block(U, anchors, m.markov_w1.weight, m.markov_w2.weight, sampling, pos_d1,
+                                        d2t=m.d2t if reduced else None,
+                                        conf_bias=conf_bias if w_conf is not None else None, w_conf=w_conf,
+                                        conf_temp=temps)
+            toks, conf = blk.tokens, blk.conf  # [B, γ] target ids, [B, γ] | None
+        else:  # no Markov head: each position from U alone
+            blk = dispatch.draft_tokens(U, sampling, pos_d1)
+            toks, conf = (m.d2t[blk.tokens] if reduced else blk.tokens), None
+        if conf is None and conf_bias is not None:  # the head does not read W1[x]: c_k = σ(conf_bias / T_k)
+            conf = torch.sigmoid(conf_bias / temps)
+        q = None
+        if any(not p.greedy for p in sampling):
+            q = blk.q if not reduced else torch.zeros(B, gamma, self.vocab_size, device=dev).scatter_(
+                2, m.d2t.expand(B, gamma, -1), blk.q)  # [B, γ, V]: draft vocab → target ids
+        return DraftBlock(tokens=toks.cpu(), q=None if q is None else q.float().cpu(),
                           conf=None if conf is None else conf.float().cpu())
 
     def release(self, slot: int) -> None:
