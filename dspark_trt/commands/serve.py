@@ -1,6 +1,7 @@
 """`dspark-trt serve`: start tritonserver (the system one when present, else the nvidia-pytriton bundle) on a
 built model repository, wait until it is ready, keep it running until SIGINT/SIGTERM, then stop it cleanly
-(no stub processes, no /dev/shm regions left). Lifecycle lives in dspark_trt.serve.server.
+(no stub processes, no /dev/shm regions left). Lifecycle lives in dspark_trt.serve.server. With --openai-port,
+the OpenAI-compatible API (dspark_trt.serve.openai_api) runs next to it, in this process, on the server's gRPC port.
 """
 from __future__ import annotations
 
@@ -32,6 +33,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bundled", action="store_true",
                         help="use the nvidia-pytriton bundled tritonserver even if one is on PATH")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for readiness")
+    parser.add_argument("--openai-port", type=int, default=None,
+                        help="also serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions) on this "
+                             "port, 0 = any free (default: off)")
+    from dspark_trt.commands.openai import add_frontend_arguments  # noqa: PLC0415
+
+    add_frontend_arguments(parser, with_triton=False)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,15 +58,25 @@ def run(args: argparse.Namespace) -> int:
             raise KeyboardInterrupt  # abort the readiness wait; start() stops what it began
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    frontend = None
     server = TritonServer(repo, http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
                           host=args.host, log_path=args.log_file, log_verbose=args.log_verbose,
                           ready_timeout=args.ready_timeout, prefer_system=not args.bundled)
     try:
         server.start()
+        openai = ""
+        if args.openai_port is not None:
+            from dspark_trt.commands.openai import config_from_args  # noqa: PLC0415
+            from dspark_trt.serve.openai_server import OpenAIServer  # noqa: PLC0415
+
+            frontend = OpenAIServer(config_from_args(args, triton_url=server.grpc_url, repo=repo, host=args.host,
+                                                     port=args.openai_port)).start()
+            openai = f" openai={frontend.url}"
         ready.set()
-        log.info("serving %s — HTTP %s (POST /v2/models/ensemble/generate[_stream]), gRPC %s, metrics %s; "
-                 "Ctrl-C to stop", repo, server.http_url, server.grpc_url, server.metrics_url)
-        sys.stdout.write(f"READY http={server.http_url} grpc={server.grpc_url} metrics={server.metrics_url}\n")
+        log.info("serving %s — HTTP %s (POST /v2/models/ensemble/generate[_stream]), gRPC %s, metrics %s%s; "
+                 "Ctrl-C to stop", repo, server.http_url, server.grpc_url, server.metrics_url,
+                 f", OpenAI API {frontend.url}" if frontend is not None else "")
+        sys.stdout.write(f"READY http={server.http_url} grpc={server.grpc_url} metrics={server.metrics_url}{openai}\n")
         sys.stdout.flush()
         while not stop.wait(1.0):
             code = server.exit_code()
@@ -69,6 +86,8 @@ def run(args: argparse.Namespace) -> int:
         log.info("interrupted before the server was ready")
         return 130
     finally:
+        if frontend is not None:
+            frontend.stop()
         server.stop()
         for s, h in old.items():
             signal.signal(s, h)
