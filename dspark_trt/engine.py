@@ -1,10 +1,11 @@
 """`SpeculativeDecodingEngine`: the article's Python API over the reference runtime and spec_decode.loop.
 
-Owns argument validation (InvalidArgumentError naming the argument and its valid range), turning what the
-user passes (Hugging Face model objects, checkpoint directories, runtime CausalLM / Drafter objects) into a
-runtime backend, the vocabulary check between draft and target (VocabularyMismatchError), mapping the article's
-knobs (draft_length, use_confidence_scheduling, confidence_threshold) onto spec policies, and the `.stats`
-dict. The algorithm lives in dspark_trt.spec_decode; model execution in dspark_trt.runtime (imported lazily).
+Owns argument validation (InvalidArgumentError naming the argument and its valid range; sampling settings are
+checked by spec_decode.sampling, the vocabulary by runtime.drafters.vocab — the project's one rule for each),
+turning what the user passes (Hugging Face model objects, checkpoint directories, runtime CausalLM / Drafter
+objects) into a runtime backend, mapping the article's knobs (draft_length, use_confidence_scheduling,
+confidence_threshold) onto spec policies, and the `.stats` dict (timing by spec_decode.stats.TimedBackend).
+The algorithm lives in dspark_trt.spec_decode; model execution in dspark_trt.runtime (imported lazily).
 
     engine = SpeculativeDecodingEngine(target_model=target, draft_model=draft, tokenizer=tok, max_length=512,
                                        draft_length=5, temperature=0.8, top_p=0.95)
@@ -14,7 +15,6 @@ dict. The algorithm lives in dspark_trt.spec_decode; model execution in dspark_t
 from __future__ import annotations
 
 import logging
-import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -22,19 +22,17 @@ from typing import Any, Sequence
 
 import torch
 
-from dspark_trt.errors import InvalidArgumentError, VocabularyMismatchError
+from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.loop import GenerateResult, LoopConfig
 from dspark_trt.spec_decode.loop import generate as loop_generate
-from dspark_trt.spec_decode.protocols import SamplingParams
+from dspark_trt.spec_decode.sampling import SamplingParams
 from dspark_trt.spec_decode.policies import POLICIES, resolve_policy_alias
 from dspark_trt.spec_decode.scheduler import CostTable, PolicyConfig
+from dspark_trt.spec_decode.stats import TimedBackend
 
 log = logging.getLogger(__name__)
 
 __all__ = ["SpeculativeDecodingEngine", "build_backend", "to_runtime_model"]
-
-VOCAB_MSG = "The draft model and target model must have the same vocabulary"
-
 
 def _bad(name: str, value: object, valid: str) -> InvalidArgumentError:
     return InvalidArgumentError(f"{name}={value!r} is invalid: {name} must be {valid}")
@@ -77,32 +75,20 @@ def _eos_set(cfg: Any) -> set[int]:
     return {int(i) for i in (ids if isinstance(ids, (list, tuple, set)) else [ids])}
 
 
-def check_vocabularies(draft_cfg: Any, target_cfg: Any) -> None:
-    """VocabularyMismatchError when sizes or EOS ids of two model configs differ."""
-    problems = []
-    dv, tv = int(draft_cfg.vocab_size), int(target_cfg.vocab_size)
-    if dv != tv:
-        problems.append(f"vocabulary sizes differ (draft {dv}, target {tv})")
-    de, te = _eos_set(draft_cfg), _eos_set(target_cfg)
-    if de and te and not de & te:
-        problems.append(f"eos token ids differ (draft {sorted(de)}, target {sorted(te)})")
-    if problems:
-        raise VocabularyMismatchError(f"{VOCAB_MSG}: " + "; ".join(problems)
-                                      + ". Fix: use a draft model trained with the target's tokenizer.")
-
-
 def _to_drafter(draft: Any, target: Any, gamma: int, dtype: torch.dtype | None, target_dir: Path | None) -> Any:
     """A spec_decode.protocols.Drafter from a path / HF model / runtime model / Drafter."""
     from dspark_trt.runtime.drafters import LMDrafter, load_drafter
+    from dspark_trt.runtime.drafters.vocab import VocabInfo, check_same_vocabulary
 
     if hasattr(draft, "propose") and hasattr(draft, "extend_context"):
         return draft
     if isinstance(draft, (str, Path)):
         return load_drafter(Path(draft), target, dtype=dtype or target.dtype, target_dir=target_dir, gamma=gamma)
-    if _is_hf_model(draft):
-        check_vocabularies(draft.config, target.config)
+    target_vocab = VocabInfo.from_config(target.config)
+    if _is_hf_model(draft):  # before converting: a mismatched HF model may not even convert
+        check_same_vocabulary(VocabInfo.from_config(draft.config), target_vocab)
     rt = to_runtime_model(draft, dtype or target.dtype)
-    check_vocabularies(rt.config, target.config)
+    check_same_vocabulary(VocabInfo.from_config(rt.config), target_vocab)
     return LMDrafter(rt, gamma=gamma)
 
 
@@ -111,36 +97,6 @@ def build_backend(target: Any, drafter: Any | None, max_batch: int, max_seq: int
     from dspark_trt.runtime.backend import SpecBackend
 
     return SpecBackend(target, drafter, max_batch=max_batch, max_seq=max_seq)
-
-
-class _Timed:
-    """Backend proxy that measures wall time spent in target forwards and in the drafter."""
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self.target_s = 0.0
-        self.draft_s = 0.0
-        self.verify_n = 0
-        self.draft_n = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def verify(self, *a: Any, **kw: Any) -> torch.Tensor:
-        t = time.perf_counter()
-        try:
-            return self._inner.verify(*a, **kw)
-        finally:
-            self.target_s += time.perf_counter() - t
-            self.verify_n += 1
-
-    def draft(self, *a: Any, **kw: Any) -> Any:
-        t = time.perf_counter()
-        try:
-            return self._inner.draft(*a, **kw)
-        finally:
-            self.draft_s += time.perf_counter() - t
-            self.draft_n += 1
 
 
 class SpeculativeDecodingEngine:
@@ -170,10 +126,7 @@ class SpeculativeDecodingEngine:
             raise _bad("max_length", max_length, "an integer ≥ 2 (prompt + generated tokens)")
         if not isinstance(draft_length, int) or not 1 <= draft_length <= 64:
             raise _bad("draft_length", draft_length, "an integer in [1, 64]")
-        if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
-            raise _bad("temperature", temperature, "a finite number ≥ 0 (0 = greedy)")
-        if not isinstance(top_p, (int, float)) or not 0.0 < top_p <= 1.0:
-            raise _bad("top_p", top_p, "a number in (0, 1]")
+        SamplingParams(temperature, top_p, seed)  # validates (InvalidArgumentError naming the bad value)
         if confidence_threshold is not None and not 0.0 <= confidence_threshold < 1.0:
             raise _bad("confidence_threshold", confidence_threshold, "None or a number in [0, 1)")
         if policy is not None:
@@ -207,7 +160,7 @@ class SpeculativeDecodingEngine:
         self.policy = PolicyConfig(policy=name, k=draft_length, min_k=lo, max_k=draft_length if max_k is None else max_k,
                                    draft_stop=confidence_threshold or 0.0)
         self.loop_config = LoopConfig(gamma=draft_length, cost_table=cost_table or CostTable.linear())
-        self._backend = _Timed(build_backend(self.target, self.drafter, 1, max_length + draft_length + 2))
+        self._backend = TimedBackend(build_backend(self.target, self.drafter, 1, max_length + draft_length + 2))
         self.eos_ids = tuple(sorted(_eos_set(self.target.config)
                                     | ({int(tokenizer.eos_token_id)} if getattr(tokenizer, "eos_token_id", None)
                                        is not None else set())))
@@ -229,13 +182,14 @@ class SpeculativeDecodingEngine:
                                        f"raise max_length above the prompt length or shorten the prompt")
         sp = sampling or SamplingParams(self.temperature, self.top_p, self.seed)
         b = self._backend
-        t0, d0, v0, n0 = b.target_s, b.draft_s, b.verify_n, b.draft_n
+        b.reset()
         start = time.perf_counter()
         res = loop_generate(b, prompt_ids, min(max_new_tokens, room), sp, policy or self.policy, self.eos_ids,
                             stop_sequences, self.loop_config)
         wall = time.perf_counter() - start
         self.last_result = res
-        self._stats = self._summarise(res, wall, b.target_s - t0, b.verify_n - v0, b.draft_s - d0, b.draft_n - n0)
+        self._stats = self._summarise(res, wall, b.seconds["verify"], b.calls["verify"], b.seconds["draft"],
+                                      b.calls["draft"])
         return res
 
     @torch.no_grad()
@@ -254,12 +208,9 @@ class SpeculativeDecodingEngine:
         if unknown:
             raise InvalidArgumentError(f"unknown generate() arguments {sorted(unknown)}; valid: input_ids, "
                                        f"max_new_tokens, do_sample, temperature, top_p, seed")
-        temp = float(kw.get("temperature", self.temperature))
-        top_p = float(kw.get("top_p", self.top_p))
-        if temp < 0 or not math.isfinite(temp):
-            raise _bad("temperature", temp, "a finite number ≥ 0")
-        if not 0.0 < top_p <= 1.0:
-            raise _bad("top_p", top_p, "a number in (0, 1]")
+        temp, top_p = kw.get("temperature", self.temperature), kw.get("top_p", self.top_p)
+        SamplingParams(temp, top_p, kw.get("seed", self.seed))  # validates the overrides as given
+        temp, top_p = float(temp), float(top_p)
         sample = temp > 0 if do_sample is None else bool(do_sample)
         sp = SamplingParams(temperature=(temp or 1.0) if sample else 0.0, top_p=top_p if sample else 1.0,
                             seed=kw.get("seed", self.seed))

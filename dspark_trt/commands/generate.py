@@ -17,7 +17,7 @@ from typing import Any
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.loop import LoopConfig
 from dspark_trt.spec_decode.policies import resolve_policy_alias
-from dspark_trt.spec_decode.protocols import SamplingParams
+from dspark_trt.spec_decode.sampling import SamplingParams, check_sampling
 from dspark_trt.spec_decode.scheduler import POLICIES, PolicyConfig
 
 log = logging.getLogger("dspark_trt.generate")
@@ -68,10 +68,8 @@ def _check(args: argparse.Namespace) -> None:
         raise InvalidArgumentError(f"--max-new-tokens must be ≥ 1, got {args.max_new_tokens}")
     if args.gamma is not None and not 1 <= args.gamma <= 64:
         raise InvalidArgumentError(f"--gamma must be in [1, 64], got {args.gamma}")
-    if args.temperature < 0:
-        raise InvalidArgumentError(f"--temperature must be ≥ 0 (0 = greedy), got {args.temperature}")
-    if not 0 < args.top_p <= 1:
-        raise InvalidArgumentError(f"--top-p must be in (0, 1], got {args.top_p}")
+    check_sampling(args.temperature, args.top_p, args.seed,
+                   names={"temperature": "--temperature", "top_p": "--top-p", "seed": "--seed"})
     if args.url and (args.build_dir or args.target or args.draft):
         raise InvalidArgumentError("--url talks to a running server: drop --build-dir/--target/--draft")
     if args.build_dir and (args.target or args.draft):

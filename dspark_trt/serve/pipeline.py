@@ -86,8 +86,8 @@ def load_backend(cfg: ServeConfig) -> LoadedBackend:
 
 def make_batcher(cfg: ServeConfig, loaded: LoadedBackend, metrics: ServeMetrics, faults: str = "") -> Any:
     """The in-flight batching worker over the loaded backend (started)."""
-    from dspark_trt.serve.worker import GatedRoundScheduler, InflightBatcher, TimedBackend  # noqa: PLC0415
-    from dspark_trt.spec_decode.loop import LoopConfig  # noqa: PLC0415
+    from dspark_trt.serve.worker import InflightBatcher, serving_backend  # noqa: PLC0415
+    from dspark_trt.spec_decode.loop import LoopConfig, RoundScheduler  # noqa: PLC0415
 
-    sched = GatedRoundScheduler(TimedBackend(loaded.backend, metrics, faults), LoopConfig(gamma=cfg.gamma))
+    sched = RoundScheduler(serving_backend(loaded.backend, metrics, faults), LoopConfig(gamma=cfg.gamma))
     return InflightBatcher(sched, metrics, max_queue=cfg.max_queue).start()

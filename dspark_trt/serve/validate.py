@@ -16,10 +16,8 @@ import numpy as np
 
 from dspark_trt.errors import InvalidArgumentError, RequestError
 from dspark_trt.spec_decode.policies import POLICIES, resolve_policy_alias  # torch-free
+from dspark_trt.spec_decode.sampling import check_sampling  # torch-free
 
-
-MAX_TEMPERATURE = 100.0
-MAX_SEED = 2**63 - 1
 # Inputs of the ensemble (tensorrtllm_backend names + ours); anything else is unknown.
 KNOWN_INPUTS = ("text_input", "max_tokens", "stream", "temperature", "top_p", "random_seed", "stop_words", "end_id",
                 "policy", "min_k", "max_k", "return_stats", "stop", "apply_chat_template")
@@ -152,15 +150,13 @@ def parse_generation(inputs: Mapping[str, np.ndarray | None], prompt_len: int, l
             "rebuild with a larger --max-seq-len")
     temperature = _float(inputs, "temperature")
     temperature = 0.0 if temperature is None else temperature
-    if not 0.0 <= temperature <= MAX_TEMPERATURE:
-        raise RequestError(f"temperature must be in [0, {MAX_TEMPERATURE:g}] (0 = greedy), got {temperature}")
     top_p = _float(inputs, "top_p")
     top_p = 1.0 if top_p is None else top_p
-    if not 0.0 < top_p <= 1.0:
-        raise RequestError(f"top_p must be in (0, 1], got {top_p}")
     seed = _int(inputs, "random_seed")
-    if seed is not None and not 0 <= seed <= MAX_SEED:
-        raise RequestError(f"random_seed must be in [0, 2^63 − 1], got {seed}")
+    try:
+        check_sampling(temperature, top_p, seed, names={"seed": "random_seed"})
+    except InvalidArgumentError as exc:
+        raise RequestError(str(exc)) from exc
     end_id = _int(inputs, "end_id")
     if end_id is not None and not 0 <= end_id < limits.vocab_size:
         raise RequestError(f"end_id must be a token id in [0, {limits.vocab_size}), got {end_id}")

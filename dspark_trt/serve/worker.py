@@ -11,9 +11,10 @@ models by BLS once per round batched just as well (12.6) but added two round tri
 and would split the KV caches from the loop that rolls them back. Per-request BLS broke batches up (2–4.5).
 On a GPU host the same loop drives the TRT-LLM engines through the runtime's Backend.
 
-Owns: Job / ResponseSink (what execute() hands over), GatedRoundScheduler (speculation off per round under
-overload), TimedBackend (draft/verify latency, drafter-failure count, optional fault injection), InflightBatcher.
-Knows nothing of pb_utils: the adapter passes a ResponseSink and a ServeMetrics.
+Owns: Job / ResponseSink (what execute() hands over), `serving_backend` (the backend wrapped with
+spec_decode.stats.TimedBackend feeding draft/verify latency and drafter-failure counts into ServeMetrics, plus
+optional fault injection for tests), InflightBatcher (which turns RoundScheduler.speculate off while the queue is
+deeper than MAX_QUEUE). Knows nothing of pb_utils: the adapter passes a ResponseSink and a ServeMetrics.
 """
 from __future__ import annotations
 
@@ -25,13 +26,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
 
-import torch
-
 from dspark_trt.errors import DrafterError
 from dspark_trt.serve.metrics import ServeMetrics
 from dspark_trt.serve.text import CONTEXT_TOKENS
 from dspark_trt.serve.validate import GenerationParams, to_loop_request
 from dspark_trt.spec_decode.loop import RoundEvent, RoundScheduler
+from dspark_trt.spec_decode.stats import TimedBackend
 
 log = logging.getLogger(__name__)
 
@@ -68,34 +68,20 @@ class Job:
     t_first: float | None = None
 
 
-class GatedRoundScheduler(RoundScheduler):
-    """RoundScheduler whose rounds can run without speculation (K = 0 for everyone, drafter not run).
+class FaultyBackend:
+    """A Backend proxy that makes draft / verify passes raise, per DSPARK_SERVE_FAULTS (tests of the fallbacks):
+    "draft" / "verify" → every such pass fails, "draft:N" → the first N do."""
 
-    Overload switch: the worker sets `speculate = False` while the queue is deeper than MAX_QUEUE. Plain rounds
-    commit the target's own tokens, so outputs are unchanged; only the cost of drafting is saved.
-    """
-
-    speculate: bool = True
-
-    def _caps(self, acts: list[Any]) -> list[int]:  # noqa: D102 - see RoundScheduler._caps
-        caps = super()._caps(acts)
-        return caps if self.speculate else [0] * len(caps)
-
-
-class TimedBackend:
-    """A spec_decode.protocols.Backend wrapper: times draft/verify passes, counts drafter failures, injects faults."""
-
-    def __init__(self, inner: Any, metrics: ServeMetrics, faults: str = "") -> None:
+    def __init__(self, inner: Any, faults: str) -> None:
         self._inner = inner
-        self._metrics = metrics
         self._faults = {"draft": 0, "verify": 0}  # passes still to fail (−1: all)
         for f in (f.strip() for f in faults.split(",") if f.strip()):
             name, _, count = f.partition(":")
             if name in self._faults:
                 self._faults[name] = int(count) if count else -1
-        self.vocab_size = inner.vocab_size
-        self.max_batch = inner.max_batch
-        self.max_seq = inner.max_seq
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
     def _inject(self, name: str) -> None:
         if self._faults[name] != 0:
@@ -103,27 +89,25 @@ class TimedBackend:
             err = DrafterError if name == "draft" else RuntimeError
             raise err(f"injected {name} failure ({FAULT_ENV})")
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+    def draft(self, *args: Any, **kwargs: Any) -> Any:
+        self._inject("draft")
+        return self._inner.draft(*args, **kwargs)
 
-    def draft(self, slots: Sequence[int], anchors: torch.Tensor, gamma: int, sampling: Sequence[Any]) -> Any:
-        t0 = time.perf_counter()
-        try:
-            self._inject("draft")
-            return self._inner.draft(slots, anchors, gamma, sampling)  # DraftBlock tokens [B, γ]
-        except Exception:
-            self._metrics.inc("dspark_fallback_total")
-            raise  # the loop runs this round as plain decoding (logged there)
-        finally:
-            self._metrics.observe("dspark_draft_latency_seconds", time.perf_counter() - t0)
+    def verify(self, *args: Any, **kwargs: Any) -> Any:
+        self._inject("verify")
+        return self._inner.verify(*args, **kwargs)
 
-    def verify(self, slots: Sequence[int], tokens: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        t0 = time.perf_counter()
-        try:
-            self._inject("verify")
-            return self._inner.verify(slots, tokens, k)  # logits [B, K+1, V]
-        finally:
-            self._metrics.observe("dspark_verify_latency_seconds", time.perf_counter() - t0)
+
+def serving_backend(inner: Any, metrics: ServeMetrics, faults: str = "") -> TimedBackend:
+    """The backend the round loop drives when serving: draft/verify latency histograms, a drafter failure counts
+    as a fallback (the loop runs that round as plain decoding), optional injected faults."""
+
+    def observe(name: str, seconds: float, error: BaseException | None) -> None:
+        metrics.observe(f"dspark_{name}_latency_seconds", seconds)
+        if name == "draft" and error is not None:
+            metrics.inc("dspark_fallback_total")
+
+    return TimedBackend(FaultyBackend(inner, faults) if faults else inner, observe)
 
 
 def _stats_payload(job: Job, ev: RoundEvent | None) -> dict[str, object]:
@@ -141,7 +125,7 @@ def _stats_payload(job: Job, ev: RoundEvent | None) -> dict[str, object]:
 class InflightBatcher:
     """The central round loop: submit() from any thread; one worker thread runs the rounds."""
 
-    def __init__(self, scheduler: GatedRoundScheduler, metrics: ServeMetrics, max_queue: int) -> None:
+    def __init__(self, scheduler: RoundScheduler, metrics: ServeMetrics, max_queue: int) -> None:
         self.scheduler = scheduler
         self.metrics = metrics
         self.max_queue = max_queue

@@ -1,8 +1,10 @@
-"""Speculative-decoding statistics: the per-round log and the totals derived from it.
+"""Speculative-decoding statistics: the per-round log, the totals derived from it, and pass timing.
 
-Owns RoundRecord (k, accepted and confidence of every round, so each K decision can be inspected) and SpecStats
+Owns RoundRecord (k, accepted and confidence of every round, so each K decision can be inspected), SpecStats
 (per request or aggregated): target/draft calls, drafted/accepted/committed tokens, τ, acceptance per position, first-token
-rejection rate, drafter fallbacks. Pure bookkeeping; knows nothing of models or serving.
+rejection rate, drafter fallbacks; and TimedBackend, the one wall-clock timer of draft / verify passes (used by
+the Python API's .stats, the serving metrics and the drafter evaluation). Pure bookkeeping; knows nothing of
+models or serving.
 
 Definitions:
 - τ = committed tokens / target forwards, bonus included; the prefill forward and the token it commits count
@@ -14,10 +16,11 @@ Definitions:
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
-__all__ = ["RoundRecord", "SpecStats"]
+__all__ = ["RoundRecord", "SpecStats", "TimedBackend"]
 
 
 @dataclass(frozen=True)
@@ -122,3 +125,56 @@ class SpecStats:
         if with_rounds:
             out["rounds"] = [r.as_dict() for r in self.rounds]
         return out
+
+
+class TimedBackend:
+    """A spec_decode.protocols.Backend proxy that times every draft and verify pass (wall clock).
+
+    Everything else passes through unchanged. `seconds[name]` / `calls[name]` accumulate per pass name
+    ("draft", "verify"), failed passes included; `observe(name, seconds, error)` — when given — is called after
+    each pass with the exception it raised (or None), then the exception propagates (the loop turns a drafter
+    failure into a plain round)."""
+
+    TIMED = ("draft", "verify")
+
+    def __init__(self, inner: Any, observe: Callable[[str, float, BaseException | None], None] | None = None) -> None:
+        self._inner = inner
+        self._observe = observe
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self.reset()
+
+    def __getattr__(self, name: str) -> Any:  # vocab_size, max_batch, max_seq, prefill, accept, commit, ...
+        return getattr(self._inner, name)
+
+    def reset(self) -> None:
+        """Zero the counters."""
+        self.seconds = {n: 0.0 for n in self.TIMED}
+        self.calls = {n: 0 for n in self.TIMED}
+
+    def mean_ms(self, name: str) -> float:
+        """Mean wall time of one `name` pass in milliseconds (0 before the first)."""
+        return 1000.0 * self.seconds[name] / max(1, self.calls[name])
+
+    def _timed(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        error: BaseException | None = None
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            dt = time.perf_counter() - t0
+            self.seconds[name] += dt
+            self.calls[name] += 1
+            if self._observe is not None:
+                self._observe(name, dt, error)
+
+    def draft(self, *args: Any, **kwargs: Any) -> Any:
+        """backend.draft(...) → DraftBlock (tokens [B, γ]), timed."""
+        return self._timed("draft", self._inner.draft, *args, **kwargs)
+
+    def verify(self, *args: Any, **kwargs: Any) -> Any:
+        """backend.verify(...) → logits [B, K+1, V], timed."""
+        return self._timed("verify", self._inner.verify, *args, **kwargs)

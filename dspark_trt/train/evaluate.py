@@ -18,27 +18,9 @@ import torch
 from dspark_trt.spec_decode.loop import LoopConfig, generate
 from dspark_trt.spec_decode.protocols import SamplingParams
 from dspark_trt.spec_decode.scheduler import PolicyConfig
-from dspark_trt.spec_decode.stats import SpecStats
+from dspark_trt.spec_decode.stats import SpecStats, TimedBackend
 
 log = logging.getLogger(__name__)
-
-
-class _Timed:
-    """Wraps a callable and accumulates its wall time."""
-
-    def __init__(self, fn) -> None:  # noqa: ANN001
-        self.fn, self.total, self.calls = fn, 0.0, 0
-
-    def __call__(self, *a, **kw):  # noqa: ANN002, ANN003, ANN204
-        t = time.perf_counter()
-        out = self.fn(*a, **kw)
-        self.total += time.perf_counter() - t
-        self.calls += 1
-        return out
-
-    @property
-    def mean_ms(self) -> float:
-        return 1000 * self.total / max(1, self.calls)
 
 
 def plain_greedy(target, prompt: Sequence[int], max_new: int, eos: Sequence[int]) -> list[int]:  # noqa: ANN001
@@ -72,14 +54,12 @@ def measure(target, drafter, prompts: Sequence[tuple[str, Sequence[int]]], gamma
     from dspark_trt.runtime.backend import SpecBackend
 
     max_seq = max(len(p) for _, p in prompts) + max_new + 32
-    backend = SpecBackend(target, drafter, max_batch=1, max_seq=max_seq)
-    backend.draft = _Timed(backend.draft)
-    backend.verify = _Timed(backend.verify)
+    backend = TimedBackend(SpecBackend(target, drafter, max_batch=1, max_seq=max_seq))
     ref = {i: plain_greedy(target, p, max_new, eos) for i, (_, p) in enumerate(prompts)} if check_lossless else {}
     step_ms = decode_step_ms(target)
     res: dict[str, Any] = {"decode_step_ms": round(step_ms, 2), "by_gamma": {}}
     for g in gammas:
-        backend.draft.total = backend.draft.calls = backend.verify.total = backend.verify.calls = 0
+        backend.reset()
         stats: list[SpecStats] = []
         by_kind: dict[str, list[SpecStats]] = {}
         mismatches = 0
@@ -94,9 +74,9 @@ def measure(target, drafter, prompts: Sequence[tuple[str, Sequence[int]]], gamma
         res["by_gamma"][g] = {
             "tau": round(agg.tau, 3), "acceptance_per_position": [round(x, 3) for x in agg.acceptance_per_position()],
             "tau_by_kind": {k: round(SpecStats().merge(v).tau, 3) for k, v in by_kind.items()},
-            "draft_ms": round(backend.draft.mean_ms, 2), "verify_ms": round(backend.verify.mean_ms, 2),
-            "draft_cost_vs_decode_step": round(backend.draft.mean_ms / step_ms, 3),
-            "draft_cost_vs_verify": round(backend.draft.mean_ms / max(1e-9, backend.verify.mean_ms), 3),
+            "draft_ms": round(backend.mean_ms("draft"), 2), "verify_ms": round(backend.mean_ms("verify"), 2),
+            "draft_cost_vs_decode_step": round(backend.mean_ms("draft") / step_ms, 3),
+            "draft_cost_vs_verify": round(backend.mean_ms("draft") / max(1e-9, backend.mean_ms("verify")), 3),
             "lossless_mismatches": mismatches}
         log.info("γ=%d: %s", g, res["by_gamma"][g])
     return res

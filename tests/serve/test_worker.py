@@ -11,8 +11,8 @@ import pytest
 
 from dspark_trt.serve.metrics import ServeMetrics
 from dspark_trt.serve.validate import GenerationParams
-from dspark_trt.serve.worker import GatedRoundScheduler, InflightBatcher, Job, TimedBackend
-from dspark_trt.spec_decode.loop import LoopConfig
+from dspark_trt.serve.worker import InflightBatcher, Job, serving_backend
+from dspark_trt.spec_decode.loop import LoopConfig, RoundScheduler
 
 from .conftest import GAMMA, MAX_SEQ_LEN
 
@@ -48,8 +48,8 @@ def _batcher(reference, max_queue: int = 64, faults: str = "") -> tuple[Inflight
 
     pair = reference.pair
     metrics = ServeMetrics(None, gamma=GAMMA)
-    backend = TimedBackend(SpecBackend(pair.target, pair.drafter, max_batch=4, max_seq=MAX_SEQ_LEN), metrics, faults)
-    return InflightBatcher(GatedRoundScheduler(backend, LoopConfig(gamma=GAMMA)), metrics, max_queue), metrics
+    backend = serving_backend(SpecBackend(pair.target, pair.drafter, max_batch=4, max_seq=MAX_SEQ_LEN), metrics, faults)
+    return InflightBatcher(RoundScheduler(backend, LoopConfig(gamma=GAMMA)), metrics, max_queue), metrics
 
 
 def _job(reference, prompt: str, n: int, sink: Sink, policy: str = "fixed", stream: bool = True) -> Job:  # noqa: ANN001

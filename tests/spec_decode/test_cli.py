@@ -10,9 +10,9 @@ from dspark_trt.cli import main
 
 
 @pytest.mark.parametrize("extra, needle", [
-    (["--top-p", "0"], "--top-p must be in (0, 1]"),
+    (["--top-p", "0"], "--top-p must be a number in (0, 1]"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be ≥ 1"),
-    (["--temperature", "-1"], "--temperature must be ≥ 0"),
+    (["--temperature", "-1"], "--temperature must be a finite number in [0, 100] (0 = greedy)"),
     (["--gamma", "0"], "--gamma must be in [1, 64]"),
     (["--stream"], "--stream needs --url"),
     (["--url", "localhost:8000", "--target", "x"], "drop --build-dir/--target/--draft"),

@@ -20,9 +20,10 @@ def hf_pair(tiny_pair):  # noqa: ANN001, ANN201
     ({"max_length": 1}, r"max_length=1 is invalid: max_length must be an integer ≥ 2"),
     ({"draft_length": 0}, r"draft_length=0 .* \[1, 64\]"),
     ({"draft_length": 65}, r"draft_length=65 .* \[1, 64\]"),
-    ({"temperature": -0.5}, r"temperature=-0.5 .* ≥ 0"),
-    ({"top_p": 0.0}, r"top_p=0.0 .* \(0, 1\]"),
-    ({"top_p": 1.5}, r"top_p=1.5 .* \(0, 1\]"),
+    ({"temperature": -0.5}, r"temperature must be a finite number in \[0, 100\] \(0 = greedy\), got -0.5"),
+    ({"top_p": 0.0}, r"top_p must be a number in \(0, 1\] .*got 0.0"),
+    ({"top_p": 1.5}, r"top_p must be a number in \(0, 1\] .*got 1.5"),
+    ({"seed": -3}, r"seed must be unset or an integer in \[0, 2\^63 − 1\], got -3"),
     ({"confidence_threshold": 1.0}, r"confidence_threshold=1.0 .* \[0, 1\)"),
     ({"policy": "turbo"}, r"policy='turbo' .* plain, fixed, confidence, survival"),
 ])

@@ -8,8 +8,9 @@ from dspark_trt.runtime.drafters.dspark import DSparkDrafter, DSparkModel
 from dspark_trt.runtime.drafters.lm import LMDrafter
 from dspark_trt.runtime.drafters.loader import (default_drafter_dir, load_drafter, load_dspark_model, save_dspark,
                                                 target_weights)
-from dspark_trt.runtime.drafters.vocab import VocabInfo, check_same_vocabulary, target_fingerprint, vocab_info
+from dspark_trt.runtime.drafters.vocab import (VOCAB_MSG, VocabInfo, check_same_vocabulary, target_fingerprint,
+                                               vocab_info)
 
-__all__ = ["DSparkConfig", "DSparkDrafter", "DSparkModel", "LMDrafter", "VocabInfo", "check_same_vocabulary",
+__all__ = ["VOCAB_MSG", "DSparkConfig", "DSparkDrafter", "DSparkModel", "LMDrafter", "VocabInfo", "check_same_vocabulary",
            "default_drafter_dir", "load_drafter", "load_dspark_model", "save_dspark", "target_fingerprint",
            "target_weights", "vocab_info"]

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from dspark_trt.errors import DrafterError, VocabularyMismatchError
+from dspark_trt.errors import DrafterError
 from dspark_trt.runtime.drafters.config import ARCHITECTURE, DSparkConfig
 from dspark_trt.runtime.drafters.dspark import DSparkDrafter, DSparkModel
 from dspark_trt.runtime.drafters.lm import LMDrafter
@@ -98,11 +98,7 @@ def load_dspark_model(directory: Path, dtype: torch.dtype = torch.float32,
 
 
 def _check_dspark_target(cfg: DSparkConfig, target: Any, embed: torch.Tensor, target_dir: Path | None) -> None:
-    tv = _target_vocab_size(target)
-    if cfg.vocab_size != tv:
-        raise VocabularyMismatchError(
-            f"The draft model and target model must have the same vocabulary: vocabulary sizes differ (draft "
-            f"{cfg.vocab_size}, target {tv}). Fix: use a drafter trained for this target.")
+    check_same_vocabulary(VocabInfo(size=cfg.vocab_size), VocabInfo(size=_target_vocab_size(target)))
     if target_dir is not None and cfg.target_vocab:
         check_same_vocabulary(VocabInfo.from_dict(cfg.target_vocab), vocab_info(target_dir))
     n_layers = int(getattr(target.config, "num_layers", getattr(target.config, "num_hidden_layers", 0)))
@@ -141,20 +137,7 @@ def load_drafter(path: Path, target: Any, dtype: torch.dtype = torch.bfloat16,
     if target_dir is not None:
         check_same_vocabulary(path, target_dir)
     else:
-        tcfg = target.config
-        problems = []
-        if int(raw.get("vocab_size", -1)) != _target_vocab_size(target):
-            problems.append(f"vocabulary sizes differ (draft {raw.get('vocab_size')}, target {_target_vocab_size(target)})")
-        t_eos = getattr(tcfg, "eos_token_ids", None) or getattr(tcfg, "eos_token_id", None)
-        d_eos = raw.get("eos_token_id")
-        if t_eos is not None and d_eos is not None:
-            ts = set(t_eos) if isinstance(t_eos, (list, tuple)) else {t_eos}
-            ds = set(d_eos) if isinstance(d_eos, list) else {d_eos}
-            if not ds & ts:
-                problems.append(f"special token eos_token_id differs (draft {d_eos}, target {t_eos})")
-        if problems:
-            raise VocabularyMismatchError("The draft model and target model must have the same vocabulary: "
-                                          + "; ".join(problems) + ". Fix: use a draft with the target's tokenizer.")
+        check_same_vocabulary(VocabInfo.from_config(raw), VocabInfo.from_config(target.config))
     from dspark_trt.runtime.hf_loader import load_hf_checkpoint
 
     lm = load_hf_checkpoint(path, dtype=dtype)

@@ -1,9 +1,11 @@
 """Vocabulary identity of drafts and targets, and the check that they match.
 
 Owns: `VocabInfo` (size, special-token ids, id-ordered tokens, digest) read from a HF checkpoint
-directory or from a DSpark drafter's recorded `target_vocab`, `check_same_vocabulary` (raises
-VocabularyMismatchError naming what differs), and `target_fingerprint` (a hash of target embedding rows,
-so a drafter notices it is paired with a different target of the same vocabulary).
+directory, a model config (`VocabInfo.from_config`: size + eos ids) or a DSpark drafter's recorded
+`target_vocab`; `check_same_vocabulary`, the one vocabulary check of the project (the loader, the build's
+validate stage and the Python API all call it) with its one message (VOCAB_MSG + what differs + the fix); and
+`target_fingerprint` (a hash of target embedding rows, so a drafter notices it is paired with a different
+target of the same vocabulary).
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
@@ -21,6 +23,8 @@ from dspark_trt.errors import VocabularyMismatchError
 log = logging.getLogger(__name__)
 
 SPECIAL_NAMES = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "mask_token_id")
+VOCAB_MSG = "The draft model and target model must have the same vocabulary"
+VOCAB_FIX = "Fix: use a draft trained with the target's tokenizer (or train one with `dspark-trt train-drafter`)."
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,27 @@ class VocabInfo:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "VocabInfo":
         return cls(size=int(d.get("size", 0)), special=dict(d.get("special", {})), digest=str(d.get("digest", "")))
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> "VocabInfo":
+        """Size + eos ids of a model config: a runtime ModelConfig, a HF PretrainedConfig or a config.json dict."""
+        get = cfg.get if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
+        eos = get("eos_token_ids", None) or get("eos_token_id", None)
+        special = {"eos_token_id": eos} if _ids(eos) else {}
+        return cls(size=int(get("vocab_size", 0) or 0), special=special)
+
+
+def _ids(value: Any) -> frozenset[Any]:
+    """A special-token entry (None, one id, or a list of ids) as a set."""
+    if value is None:
+        return frozenset()
+    return frozenset(value) if isinstance(value, (list, tuple, set, frozenset)) else frozenset([value])
+
+
+def _same_special(name: str, a: Any, b: Any) -> bool:
+    if name == "eos_token_id":  # a model may list several end ids; sharing one is enough
+        return bool(_ids(a) & _ids(b)) or (not _ids(a) and not _ids(b))
+    return a == b
 
 
 def _digest(tokens: tuple[str, ...]) -> str:
@@ -69,14 +94,16 @@ def vocab_info(directory: Path) -> VocabInfo:
 
 
 def check_same_vocabulary(draft: VocabInfo | Path, target: VocabInfo | Path) -> None:
-    """Raise VocabularyMismatchError (message starts with the contract sentence) if they differ."""
+    """Raise VocabularyMismatchError (message starts with VOCAB_MSG, names what differs and the fix) if they differ:
+    sizes, special ids present on both sides (eos: at least one id in common), the first differing token (or the
+    token-table digests)."""
     d = draft if isinstance(draft, VocabInfo) else vocab_info(Path(draft))
     t = target if isinstance(target, VocabInfo) else vocab_info(Path(target))
     problems: list[str] = []
     if d.size != t.size:
         problems.append(f"vocabulary sizes differ (draft {d.size}, target {t.size})")
     for name in SPECIAL_NAMES:
-        if name in d.special and name in t.special and d.special[name] != t.special[name]:
+        if name in d.special and name in t.special and not _same_special(name, d.special[name], t.special[name]):
             problems.append(f"special token {name} differs (draft {d.special[name]!r}, target {t.special[name]!r})")
     if d.tokens is not None and t.tokens is not None:
         for i, (a, b) in enumerate(zip(d.tokens, t.tokens)):
@@ -86,9 +113,12 @@ def check_same_vocabulary(draft: VocabInfo | Path, target: VocabInfo | Path) -> 
     elif d.digest and t.digest and d.digest != t.digest:
         problems.append(f"token tables differ (digest draft {d.digest}, target {t.digest})")
     if problems:
-        raise VocabularyMismatchError(
-            "The draft model and target model must have the same vocabulary: " + "; ".join(problems)
-            + ". Fix: use a draft trained with the target's tokenizer (or train one with `dspark-trt train-drafter`).")
+        raise vocabulary_mismatch(problems)
+
+
+def vocabulary_mismatch(problems: Iterable[str]) -> VocabularyMismatchError:
+    """The one VocabularyMismatchError message: VOCAB_MSG, what differs, the fix."""
+    return VocabularyMismatchError(f"{VOCAB_MSG}: " + "; ".join(problems) + f". {VOCAB_FIX}")
 
 
 def target_fingerprint(embed_weight: torch.Tensor, rows: int = 256) -> str:
