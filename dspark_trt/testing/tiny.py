@@ -149,3 +149,28 @@ def default_tiny_root() -> Path:
     """Where tests cache the tiny checkpoints (DSPARK_CACHE or ~/.cache/dspark_trt)."""
     base = Path(os.environ.get("DSPARK_CACHE", Path.home() / ".cache" / "dspark_trt"))
     return base / "tiny-v1"
+
+
+def tiny_dspark_drafter(target: torch.nn.Module, gamma: int = 4, draft_vocab: int = 0, markov: bool = True,
+                        seed: int = 0):  # noqa: ANN201 - a runtime.drafters.DSparkDrafter (imported lazily)
+    """A random-init DSpark drafter for a runtime CausalLM `target` (1 layer, taps (0, 1)), deterministic for a
+    seed in any process: non-trivial Markov head and mask embedding, optional reduced draft vocabulary (d2t =
+    every ⌊V / draft_vocab⌋-th target id), float32."""
+    from dspark_trt.runtime.drafters import DSparkConfig, DSparkDrafter, DSparkModel
+
+    c = target.config
+    cfg = DSparkConfig(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=c.hidden_size // 4, vocab_size=c.vocab_size,
+                       target_layer_ids=(0, 1), num_target_layers=c.num_layers, mask_token_id=3,
+                       num_hidden_layers=1, block_size=gamma, markov_rank=8 if markov else 0,
+                       markov_head_type="vanilla" if markov else "none", draft_vocab_size=draft_vocab)
+    g = torch.Generator().manual_seed(seed)
+    model = DSparkModel(cfg).float()
+    with torch.no_grad():
+        for p in model.parameters():  # fixed values, independent of the global RNG
+            r = torch.randn(p.shape, generator=g)
+            p.copy_(r / p.shape[-1] ** 0.5 if p.dim() > 1 else 1.0 + 0.1 * r)
+        if draft_vocab:
+            model.d2t.copy_(torch.arange(0, c.vocab_size, c.vocab_size // draft_vocab)[:draft_vocab])
+    model.attach_target(target.embed_tokens.weight, target.lm_head_weight)
+    return DSparkDrafter(model)
