@@ -25,7 +25,7 @@ import torch
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode import rng
 
-__all__ = ["AcceptResult", "greedy_accept", "sample_accept", "target_probs", "top_signals"]
+__all__ = ["AcceptResult", "exponential_race", "greedy_accept", "sample_accept", "target_probs", "top_signals"]
 
 _U_OFFSET = 2.0 ** -25  # keeps exponential-race uniforms strictly inside (0, 1)
 

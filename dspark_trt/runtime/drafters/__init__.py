@@ -11,6 +11,6 @@ from dspark_trt.runtime.drafters.loader import (default_drafter_dir, load_drafte
 from dspark_trt.runtime.drafters.vocab import (VOCAB_MSG, VocabInfo, check_same_vocabulary, target_fingerprint,
                                                vocab_info)
 
-__all__ = ["VOCAB_MSG", "DSparkConfig", "DSparkDrafter", "DSparkModel", "LMDrafter", "VocabInfo", "check_same_vocabulary",
-           "default_drafter_dir", "load_drafter", "load_dspark_model", "save_dspark", "target_fingerprint",
-           "target_weights", "vocab_info"]
+__all__ = ["VOCAB_MSG", "DSparkConfig", "DSparkDrafter", "DSparkModel", "LMDrafter", "VocabInfo",
+           "check_same_vocabulary", "default_drafter_dir", "load_drafter", "load_dspark_model", "save_dspark",
+           "target_fingerprint", "target_weights", "vocab_info"]
