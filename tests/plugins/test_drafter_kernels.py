@@ -29,7 +29,8 @@ def _drafter(tiny_pair: Any, target: Any, kind: str) -> Any:
 
     if kind == "lm":
         return load_drafter(tiny_pair.draft, target, dtype=torch.float32)
-    return tiny_dspark_drafter(target, draft_vocab=200 if kind == "dspark_d2t" else 0, markov=kind != "dspark_no_markov")
+    return tiny_dspark_drafter(target, draft_vocab=200 if kind == "dspark_d2t" else 0,
+                               markov=kind != "dspark_no_markov")
 
 
 @pytest.mark.parametrize("kind", ["lm", "dspark", "dspark_d2t", "dspark_no_markov"])

@@ -57,7 +57,8 @@ def test_verify_rows_with_different_k_and_rollback(target: CausalLM) -> None:
     tokens = torch.tensor([[ref0[0], ref0[1], ref0[2], ref0[3]], [ref1[0], wrong, 0, 0]])  # [B, K+1]
     k = torch.tensor([3, 1])
     logits = be.verify([0, 1], tokens, k)
-    res = be.accept(logits, tokens[:, 1:], k, None, [GREEDY] * 2, torch.tensor([len(PROMPTS[0]) + 1, len(PROMPTS[1]) + 1]))
+    positions = torch.tensor([len(PROMPTS[0]) + 1, len(PROMPTS[1]) + 1])  # [B] d_1 = committed length
+    res = be.accept(logits, tokens[:, 1:], k, None, [GREEDY] * 2, positions)
     assert res.accepted.tolist() == [3, 0]
     assert res.next_token.tolist() == [ref0[4], ref1[1]]
     be.commit([0, 1], res.accepted + 1)

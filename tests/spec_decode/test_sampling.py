@@ -44,7 +44,8 @@ def test_front_ends_share_the_rule_and_name_their_own_argument() -> None:
     SamplingParams(np.float32(0.7), np.float64(0.9), np.int64(3))  # numpy scalars from request tensors are fine
 
 
-def test_speculation_off_runs_plain_rounds_with_the_same_output(ref_backend, greedy_oracle, tiny_models) -> None:  # noqa: ANN001
+def test_speculation_off_runs_plain_rounds_with_the_same_output(ref_backend, greedy_oracle,  # noqa: ANN001
+                                                                 tiny_models) -> None:  # noqa: ANN001
     be = ref_backend("draft")
     sched = RoundScheduler(be, LoopConfig(gamma=4), speculate=False)
     rid = sched.add(Request((9, 10, 11), 12, policy=PolicyConfig(policy="fixed", k=4)))
