@@ -1,6 +1,7 @@
 """Slot-based, preallocated key/value cache of the runtime decoder.
 
-Owns: the K/V storage (one preallocated tensor each, [layers, slots, kv_heads, max_seq, head_dim]),
+Owns: the K/V storage (one preallocated tensor each, [layers, slots, kv_heads, seq_alloc, head_dim], seq_alloc =
+max_seq rounded up to SEQ_ALIGN so the torch path's aligned attention spans never get clipped by a small cache),
 the per-slot committed lengths, rollback (`truncate`) and `reset`. One slot = one request. Writing
 happens in `model.CausalLM.forward`; this module never runs a model. Rolling back only moves the
 length: stale entries past it are masked out and later overwritten, so rollback costs nothing.
@@ -13,6 +14,8 @@ import torch
 
 from dspark_trt.errors import InvalidArgumentError
 
+SEQ_ALIGN = 64  # = runtime.ops.SPAN_ALIGN: storage per slot is a whole number of attention spans
+
 
 class KVCache:
     """K/V for `max_batch` slots of up to `max_seq` tokens each."""
@@ -21,9 +24,10 @@ class KVCache:
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
         if max_batch < 1 or max_seq < 1:
             raise InvalidArgumentError(f"KVCache needs max_batch ≥ 1 and max_seq ≥ 1 (got {max_batch}, {max_seq}).")
-        shape = (num_layers, max_batch, num_kv_heads, max_seq, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, S, Hkv, max_seq, D]
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, S, Hkv, max_seq, D]
+        seq_alloc = -(-max_seq // SEQ_ALIGN) * SEQ_ALIGN
+        shape = (num_layers, max_batch, num_kv_heads, seq_alloc, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, S, Hkv, seq_alloc, D]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, S, Hkv, seq_alloc, D]
         self.lengths = torch.zeros(max_batch, dtype=torch.long, device=device)  # [S] committed tokens per slot
         self.num_layers, self.max_batch, self.max_seq = num_layers, max_batch, max_seq
         self.dtype = dtype

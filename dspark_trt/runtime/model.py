@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dspark_trt.errors import CheckpointError, InvalidArgumentError
+from dspark_trt.runtime import ops
 from dspark_trt.runtime.config import ModelConfig
 from dspark_trt.runtime.kv_cache import KVCache
 
@@ -36,34 +37,35 @@ LinearFactory = Callable[[str, int, int, bool], nn.Module]
 
 
 class FastLinear(nn.Linear):
-    """nn.Linear with faster CPU kernels for the few-row products of decoding and verification.
+    """nn.Linear whose CPU products are row-invariant (a row's result does not depend on the other rows).
 
-    Measured on this CPU (bf16, one thread, CPU time): F.linear with 1-9 input rows is 1.3-1.5x slower
-    than computing W·xᵀ with torch.mv (one row) / torch.mm(W, xᵀ) (2..MM_MAX_ROWS rows), which also stays
-    flat in the row count (memory-bound), so a verify pass of K+1 tokens costs about as much as one token.
-    fp32 keeps F.linear (MKL sgemv/sgemm is as fast or faster there), and so do long prompts.
+    On the CPU it runs the native row-invariant kernel when built (runtime.native), else `ops.tile_linear`
+    (torch.mm on fixed 16-row tiles; one bf16 row via torch.mv, which rounds identically). The bias is added after
+    rounding the product on every path, as F.linear-then-add would. Other devices use F.linear.
     """
+
+    def native_spec(self, x_dtype: torch.dtype) -> dict | None:
+        """native.linear arguments for activations of x_dtype, or None when the native kernels do not cover it."""
+        from dspark_trt.runtime import native
+
+        kind = native.kind_for(self.weight, x_dtype)
+        return None if kind is None else {"w": self.weight, "kind": kind, "bias": self.bias}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         w = self.weight
-        if w.dtype == torch.float32 or not FEW_ROW_KERNELS or x.device.type != "cpu":
+        if x.device.type != "cpu":
             return F.linear(x, w, self.bias)
-        rows = x.numel() // x.shape[-1]
-        if rows == 1:
-            y = torch.mv(w, x.reshape(-1))  # [out]
-        elif rows <= MM_MAX_ROWS:
-            y = torch.mm(w, x.reshape(rows, -1).t()).t().contiguous()  # [rows, out]
+        x2 = x.reshape(-1, x.shape[-1])  # [rows, in]
+        spec = self.native_spec(x2.dtype) if ops.use_native(x2) else None
+        if spec is not None:
+            from dspark_trt.runtime import native
+
+            y = native.linear(x2, **spec)
         else:
-            y = F.linear(x.reshape(rows, -1), w)  # [rows, out]
-        if self.bias is not None:  # added separately on every path: same rounding for 1 row and for K+1 rows
-            y = y + self.bias
+            y = ops.tile_linear(x2, w)  # [rows, out]
+            if self.bias is not None:
+                y = y + self.bias
         return y.view(*x.shape[:-1], w.shape[0])
-
-
-ROW_EXACT_MAX_T = 32  # see CausalLM._attend
-SPAN_ALIGN = 64  # see _Step: attention spans are padded to a multiple of this
-FEW_ROW_KERNELS = True  # module switch: benchmarks flip it to compare against plain F.linear
-MM_MAX_ROWS = 16
 
 
 def default_linear_factory(dtype: torch.dtype) -> LinearFactory:
@@ -126,49 +128,39 @@ class DecoderLayer(nn.Module):
 
 
 class _Step:
-    """Per-forward precomputation shared by every layer (positions, rope rows, mask, cache plan)."""
+    """Per-forward precomputation shared by every layer (positions, rope rows, cache plan, real row lengths)."""
 
-    def __init__(self, model: "CausalLM", cache: KVCache, slots: torch.Tensor, T: int) -> None:
-        cfg = model.config
+    def __init__(self, model: "CausalLM", cache: KVCache, slots: torch.Tensor, T: int, lengths: list[int]) -> None:
         B = slots.numel()
         start = cache.check_room(slots, T)  # [B] long
         self.B, self.T = B, T
         self.start = start
-        starts = start.tolist()
-        slot_list = slots.tolist()
-        # Keys attended: positions 0..span-1, span rounded up to SPAN_ALIGN (masked). Every query then reduces
-        # over whole vector blocks whose masked tail adds exact zeros, so a token's attention is bit-identical
-        # whether it is decoded alone or verified inside a K+1 block (speculation stays exactly lossless in bf16).
-        self.span = min(-(-(max(starts) + T) // SPAN_ALIGN) * SPAN_ALIGN, cache.max_seq)
+        self.starts: list[int] = start.tolist()
+        self.slot_list: list[int] = slots.tolist()
+        self.lengths = lengths  # real tokens per row (≤ T); attention outputs of padding are zeros
+        self.window = model.config.sliding_window
         pos = start[:, None] + torch.arange(T)  # [B, T]
         self.pos = pos
-        cos, sin = model.rope_tables(self.span)
+        cos, sin = model.rope_tables(max(self.starts) + T)
         if B == 1:
-            p0 = starts[0]
+            p0 = self.starts[0]
             self.cos = cos[p0:p0 + T].view(1, T, 1, -1)  # [B, T, 1, D]
             self.sin = sin[p0:p0 + T].view(1, T, 1, -1)  # [B, T, 1, D]
         else:
             self.cos = cos[pos].unsqueeze(2)  # [B, T, 1, D]
             self.sin = sin[pos].unsqueeze(2)  # [B, T, 1, D]
         self.cache = cache
-        # Contiguous ascending slots → views; otherwise gather the first `span` positions of each slot.
-        s0 = slot_list[0]
-        self.contiguous = slot_list == list(range(s0, s0 + B))
+        s0 = self.slot_list[0]
+        self.contiguous = self.slot_list == list(range(s0, s0 + B))
         self.s0 = s0
         self.slots = slots
         self.single = B == 1
-        self.p0 = starts[0]
+        self.p0 = self.starts[0]
         self.write_idx = None if self.single else (slots[:, None].expand(B, T), pos)  # ([B, T], [B, T])
-        # Mask [B, 1, T, span] (True = attend): key s visible to query t iff s ≤ start_b + t (and in the window).
-        keys = torch.arange(self.span)  # [S]
-        m = keys[None, None, :] <= pos[:, :, None]  # [B, T, S]
-        if cfg.sliding_window is not None:
-            m &= keys[None, None, :] > pos[:, :, None] - cfg.sliding_window
-        self.mask = m.unsqueeze(1)  # [B, 1, T, S]
 
-    def kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v [B, T, Hkv, D] into the cache; return keys/values [B, Hkv, span, D] to attend."""
-        ck, cv = self.cache.k[layer], self.cache.v[layer]  # [S, Hkv, max_seq, D]
+    def write_kv(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [B, T, Hkv, D] into the cache; return the layer's cache k, v [S, Hkv, max_seq, D]."""
+        ck, cv = self.cache.k[layer], self.cache.v[layer]  # [S, Hkv, seq_alloc, D]
         if self.single:
             p0, s = self.p0, self.s0
             ck[s, :, p0:p0 + self.T].copy_(k[0].transpose(0, 1))
@@ -176,9 +168,7 @@ class _Step:
         else:
             ck.permute(0, 2, 1, 3).index_put_(self.write_idx, k)
             cv.permute(0, 2, 1, 3).index_put_(self.write_idx, v)
-        if self.contiguous:
-            return ck[self.s0:self.s0 + self.B, :, :self.span], cv[self.s0:self.s0 + self.B, :, :self.span]
-        return ck[self.slots, :, :self.span], cv[self.slots, :, :self.span]
+        return ck, cv
 
 
 class CausalLM(nn.Module):
@@ -264,7 +254,16 @@ class CausalLM(nn.Module):
         tapset = set(taps)
         if any(t < 0 or t >= L for t in tapset):
             raise InvalidArgumentError(f"taps {list(taps)} out of range 0..{L - 1}.")
-        step = _Step(self, cache, slots, T)
+        if last_index is not None:
+            last_index = torch.as_tensor(last_index, dtype=torch.long).reshape(B)
+            lengths = (last_index + 1).clamp(1, T).tolist()
+        else:
+            lengths = [T] * B
+        if logits not in ("all", "last", "none"):
+            raise InvalidArgumentError(f"logits must be 'all', 'last' or 'none', got {logits!r}.")
+        if self._native_ok(input_ids, cache):
+            return self._forward_native(input_ids, cache, slots, taps, logits, last_index, lengths)
+        step = _Step(self, cache, slots, T, lengths)
         H, Hkv, D = self._H, self._Hkv, self._D
         qk_size = (H + Hkv) * D
         half = D // 2
@@ -281,8 +280,9 @@ class CausalLM(nn.Module):
             v = qkv[..., qk_size:].view(B, T, Hkv, D)
             rot = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)  # rotate_half
             qk = qk * cos + rot * sin  # [B, T, H + Hkv, D]
-            keys, values = step.kv(i, qk[:, :, H:], v)  # [B, Hkv, span, D]
-            o = self._attend(qk[:, :, :H], keys, values, step)  # [B, T, H * D]
+            ck, cv = step.write_kv(i, qk[:, :, H:], v)  # [S, Hkv, seq_alloc, D]
+            o = ops.attend_torch(qk[:, :, :H], ck, cv, step.slot_list, step.starts, step.lengths, step.window,
+                                 self._scale)  # [B, T, H * D]
             x = x + layer.attention.dense(o)
             h = rms_norm(x, layer.post_layernorm.weight, eps)
             gu = layer.mlp.fused_fc(h)  # [B, T, 2I]: gate (up) | fc (SiLU input)
@@ -301,35 +301,73 @@ class CausalLM(nn.Module):
             if last_index is None:
                 x = x[:, -1:]
             else:
-                idx = torch.as_tensor(last_index, dtype=torch.long).reshape(B, 1, 1).expand(B, 1, x.shape[-1])
+                idx = last_index.reshape(B, 1, 1).expand(B, 1, x.shape[-1])
                 x = x.gather(1, idx)  # [B, 1, d]
-        elif logits != "all":
-            raise InvalidArgumentError(f"logits must be 'all', 'last' or 'none', got {logits!r}.")
         out = self.lm_head(self.final_norm(x)).float()  # [B, T | 1, V]
         return ModelOutput(out, hidden)
 
-    def _attend(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, step: _Step) -> torch.Tensor:
-        """q [B, T, H, D], keys/values [B, Hkv, S, D] → attention output [B, T, H·D].
+    # ----------------------------------------------------------------- native path (runtime.native kernels)
+    def _native_ok(self, input_ids: torch.Tensor, cache: KVCache) -> bool:
+        k = cache.k
+        return (ops.use_native(k) and self.dtype in (torch.bfloat16, torch.float32) and k.dtype == self.dtype
+                and self._D % 16 == 0 and self.config.hidden_size % 2 == 0)
 
-        Up to ROW_EXACT_MAX_T tokens, every query is its own SDPA batch entry (keys expanded, a view for B = 1),
-        i.e. exactly the kernel shapes of a one-token decode step: a token verified inside a K+1 block gets
-        bit-identical logits to decoding it alone (bf16 included), so speculation is exactly lossless.
-        """
-        B, T, H, D = q.shape
-        gqa = H != self._Hkv
-        if T > ROW_EXACT_MAX_T:  # long prompts: one SDPA over all queries
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), keys, values, attn_mask=step.mask,
-                                               scale=self._scale, enable_gqa=gqa)  # [B, H, T, D]
-            return o.transpose(1, 2).reshape(B, T, H * D)
-        S = keys.shape[2]
-        qb = q.reshape(B * T, H, 1, D)  # [B·T, H, 1, D]
-        if T > 1:
-            keys = keys[:, None].expand(B, T, *keys.shape[1:]).reshape(B * T, -1, S, D)  # [B·T, Hkv, S, D]
-            values = values[:, None].expand(B, T, *values.shape[1:]).reshape(B * T, -1, S, D)
-        mask = step.mask.transpose(1, 2).reshape(B * T, 1, 1, S)  # [B·T, 1, 1, S]
-        o = F.scaled_dot_product_attention(qb, keys, values, attn_mask=mask, scale=self._scale,
-                                           enable_gqa=gqa)  # [B·T, H, 1, D]
-        return o.view(B, T, H * D)
+    def _lin(self, module: nn.Module, x: torch.Tensor, residual: torch.Tensor | None = None,
+             norm: torch.Tensor | None = None, swiglu: bool = False, out_f32: bool = False) -> torch.Tensor:
+        """One projection of the native path: x [M, in] → [M, out] with the fused epilogues (see native.linear).
+        Modules without a native spec run their own forward with the same epilogues in torch."""
+        from dspark_trt.runtime import native
+
+        eps = self.config.rms_norm_eps
+        spec_fn = getattr(module, "native_spec", None)
+        spec = spec_fn(x.dtype) if spec_fn is not None else None
+        if spec is not None:
+            return native.linear(x, **spec, residual=residual, norm=norm, eps=eps, swiglu=swiglu, out_f32=out_f32)
+        h = rms_norm(x, norm, eps) if norm is not None else x
+        y = module(h)  # [M, out]
+        if swiglu:
+            half = y.shape[-1] // 2
+            y = y[:, :half] * F.silu(y[:, half:])
+        if residual is not None:
+            y = residual + y
+        return y.float() if out_f32 else y
+
+    def _forward_native(self, input_ids: torch.Tensor, cache: KVCache, slots: torch.Tensor, taps: Sequence[int],
+                        logits: str, last_index: torch.Tensor | None, lengths: list[int]) -> ModelOutput:
+        """forward on the native kernels: per-query attention, fused norm / RoPE / SwiGLU / residual epilogues."""
+        from dspark_trt.runtime import native
+
+        B, T = input_ids.shape
+        start = cache.check_room(slots, T)  # [B]
+        H, Hkv = self._H, self._Hkv
+        pos = (start[:, None] + torch.arange(T)).reshape(-1)  # [B·T]
+        cos, sin = self.rope_tables(int(start.max()) + T)
+        lens = torch.tensor(lengths, dtype=torch.long)  # [B]
+        window = self.config.sliding_window
+        tapset = set(taps)
+        tapped: dict[int, torch.Tensor] = {}
+        x = F.embedding(input_ids.reshape(-1), self.transformer.vocab_embedding.weight)  # [B·T, d]
+        for i, layer in enumerate(self.transformer.layers):
+            ck, cv = cache.k[i], cache.v[i]  # [S, Hkv, seq_alloc, D]
+            qkv = self._lin(layer.attention.qkv, x, norm=layer.input_layernorm.weight)  # [B·T, (H + 2Hkv) D]
+            q = native.rope_kv(qkv.contiguous(), cos, sin, pos, ck, cv, slots, H, Hkv)  # [B·T, H·D]
+            o = native.attend(q, ck, cv, slots, start, lens, H, window, self._scale)  # [B·T, H·D]
+            x = self._lin(layer.attention.dense, o, residual=x)  # [B·T, d]
+            a = self._lin(layer.mlp.fused_fc, x, norm=layer.post_layernorm.weight, swiglu=True)  # [B·T, I]
+            x = self._lin(layer.mlp.proj, a, residual=x)  # [B·T, d]
+            if i in tapset:
+                tapped[i] = x
+        cache.advance(slots, T)
+        hidden = torch.cat([tapped[t] for t in taps], dim=-1).view(B, T, -1) if taps else None  # [B, T, len(taps) d]
+        if logits == "none":
+            return ModelOutput(None, hidden)
+        if logits == "last":
+            rows = torch.arange(B) * T + (last_index if last_index is not None else torch.full((B,), T - 1))
+            x, n = x.index_select(0, rows), 1  # [B, d]
+        else:
+            n = T
+        out = self._lin(self.lm_head, x, norm=self.transformer.ln_f.weight, out_f32=True)  # [B·n, V] float32
+        return ModelOutput(out.view(B, n, -1), hidden)
 
     # ----------------------------------------------------------------- TRT-LLM state dicts
     def load_trtllm_state_dict(self, state: Mapping[str, torch.Tensor], strict: bool = True,

@@ -17,7 +17,8 @@ projection. Which path each takes on a torch build is decided once by probing th
                        used only with DSPARK_FP8_SCALED_MM=1 (or on CUDA).
 
 When a kernel is missing on the running torch build the layer dequantizes its weight once and runs
-F.linear (same quantization of weights and activations, float arithmetic) and says so in `.path`.
+a row-invariant float product (`ops.tile_linear`; same quantization of weights and activations) and says so
+in `.path`.
 The fused MLP projection (mlp.gate | mlp.fc) is assembled by `load_fused_parts`: rows concatenated,
 per-tensor weight scales turned into a per-row vector. Must not know about files or models.
 """
@@ -29,10 +30,10 @@ import os
 from typing import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dspark_trt.errors import CheckpointError
+from dspark_trt.runtime import ops
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,29 @@ class _QuantLinear(nn.Module):
         self._cache.clear()
         return super()._apply(fn, recurse)
 
+    def _derived(self, name: str, make: Callable[[], object], *sources: torch.Tensor) -> object:
+        """A value computed from buffers, cached until one of them is replaced or modified in place."""
+        key = tuple((t.data_ptr(), t._version) for t in sources)
+        hit = self._cache.get(name)
+        if hit is None or hit[0] != key:
+            hit = self._cache[name] = (key, make())
+        return hit[1]
+
+    def native_spec(self, x_dtype: torch.dtype) -> dict | None:
+        """runtime.native.linear arguments for activations of x_dtype, or None (then forward() runs in torch)."""
+        return None
+
+    def _native(self, x2: torch.Tensor) -> torch.Tensor | None:
+        """The native product of forward() (bias and scales included, model dtype), or None off the native path."""
+        if not ops.use_native(x2):
+            return None
+        spec = self.native_spec(x2.dtype)
+        if spec is None:
+            return None
+        from dspark_trt.runtime import native
+
+        return native.linear(x2, **spec)
+
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, path={self.path}"
 
@@ -134,9 +158,22 @@ class W8A16Linear(_QuantLinear):
     def dequantized_weight(self) -> torch.Tensor:
         return self.weight.float() * self.weights_scaling_factor.float()[:, None]
 
+    def native_spec(self, x_dtype: torch.dtype) -> dict | None:
+        from dspark_trt.runtime import native
+
+        kind = native.kind_for(self.weight, x_dtype)
+        if kind is None or self.dtype != x_dtype:
+            return None
+        s = self._derived("native_s", lambda: self.weights_scaling_factor.float().contiguous(),
+                          self.weights_scaling_factor)
+        return {"w": self.weight, "kind": kind, "scale": s, "bias": self.bias}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)  # [M, in]
+        y = self._native(x2)
+        if y is not None:
+            return y.reshape(*shape[:-1], self.out_features)
         if self.path != "dequantized":
             s = self._cache.get("s")
             if s is None or s.dtype != x2.dtype:
@@ -146,7 +183,7 @@ class W8A16Linear(_QuantLinear):
             w = self._cache.get("w")
             if w is None:
                 w = self._cache["w"] = self.dequantized_weight().to(x2.dtype)
-            y = F.linear(x2, w)
+            y = ops.product(x2, w)
         return self._finish(y, shape)
 
 
@@ -173,6 +210,20 @@ class W8A8SQLinear(_QuantLinear):
     def dequantized_weight(self) -> torch.Tensor:
         return self.weight.float() * self.weights_scaling_factor.float()[:, None]
 
+    def native_spec(self, x_dtype: torch.dtype) -> dict | None:
+        from dspark_trt.runtime import native
+
+        if native.kind_for(self.weight, x_dtype, sq=True) is None or self.dtype != x_dtype:
+            return None
+        a, w, p = self.activation_scaling_factor, self.weights_scaling_factor, self.prequant_scaling_factor
+        os_ = self._derived("native_os", lambda: (a.float() * w.float()).contiguous(), a, w)
+        pre = self._derived("native_pre", lambda: p.float().contiguous(), p)
+        act = self._derived("native_act", lambda: float(a.float().reshape(-1)[0]), a)
+        spec = {"w": self.weight, "scale": os_, "sq": (pre, act)}
+        if self.bias is not None:  # added in fp32 before rounding, as _finish does
+            spec.update(bias=self._derived("native_b", lambda: self.bias.float().contiguous(), self.bias), bias_f32=True)
+        return spec
+
     def quantize_input(self, x2: torch.Tensor) -> torch.Tensor:
         """[M, in] → [M, in] int8: smooth, divide by the static scale, round, saturate."""
         xs = x2.float() * self.prequant_scaling_factor.float()
@@ -180,6 +231,9 @@ class W8A8SQLinear(_QuantLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
+        y = self._native(x.reshape(-1, self.in_features))
+        if y is not None:
+            return y.reshape(*shape[:-1], self.out_features)
         xq = self.quantize_input(x.reshape(-1, self.in_features))  # [M, in] int8
         out_scale = self._cache.get("os")
         if out_scale is None:
@@ -191,7 +245,7 @@ class W8A8SQLinear(_QuantLinear):
             acc = torch._int_mm(xq, wt)  # [M, out] int32
             y = acc.float() * out_scale
         else:
-            y = F.linear(xq.float(), self.weight.float()) * out_scale
+            y = ops.product(xq.float(), self.weight.float()) * out_scale
         return self._finish(y, shape)
 
 
@@ -242,7 +296,7 @@ class FP8Linear(_QuantLinear):
             w = self._cache.get("w")
             if w is None or w.dtype != x2.dtype:
                 w = self._cache["w"] = self.dequantized_weight().to(x2.dtype)
-            y = F.linear((xq.float() * a).to(x2.dtype), w)
+            y = ops.product((xq.float() * a).to(x2.dtype), w)
         return self._finish(y, shape)
 
 
@@ -272,9 +326,11 @@ def make_linear_factory(quant_algo: str | None, dtype: torch.dtype,
         raise CheckpointError(f"Quantization {quant_algo!r} is not supported by the reference runtime (supported: "
                               f"{', '.join(QUANT_LINEARS)}); rebuild with --quant none|fp8|int8_sq|w8a16.")
 
+    from dspark_trt.runtime.model import FastLinear
+
     def make(name: str, in_features: int, out_features: int, bias: bool) -> nn.Module:
-        if quant_algo is None or is_excluded(name, exclude_modules):
-            return nn.utils.skip_init(nn.Linear, in_features, out_features, bias=bias, dtype=dtype)
+        if quant_algo is None or is_excluded(name, exclude_modules):  # row-invariant nn.Linear
+            return nn.utils.skip_init(FastLinear, in_features, out_features, bias=bias, dtype=dtype)
         return QUANT_LINEARS[quant_algo](in_features, out_features, bias, dtype)
 
     return make

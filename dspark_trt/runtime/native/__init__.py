@@ -1,0 +1,152 @@
+"""Native row-invariant CPU kernels of the runtime (kernels.cpp), compiled with torch.utils.cpp_extension at first use.
+
+Owns: whether they can run here (x86-64 with AVX-512F/BW, a working C++ toolchain, DSPARK_NATIVE not "0"),
+building and caching the extension under $DSPARK_CACHE/native (one build per kernel source, torch version and
+CPU flags; later processes load it in well under a second), the packed-weight cache (weights are re-laid out once
+per tensor version, see kernels.cpp "products"), and typed wrappers `linear`, `rope_kv`, `attend`. Every failure to
+build is logged once and turns the native path off (the runtime then uses the pure-torch path of runtime.ops).
+Knows nothing about models.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import threading
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("kernels.cpp")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-DNDEBUG"]
+# packing kinds, as kernels.cpp `enum Pack`
+P_BF16, P_F32, P_I8P, P_I8F, P_SQ = 0, 1, 2, 3, 4
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {"ext": None, "reason": None}
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def _build() -> ModuleType:
+    if os.environ.get("DSPARK_NATIVE", "1") == "0":
+        raise RuntimeError("disabled by DSPARK_NATIVE=0")
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        raise RuntimeError(f"needs x86-64 with AVX-512 (this is {platform.machine()})")
+    flags = _cpu_flags()
+    missing = {"avx512f", "avx512bw", "avx512vl"} - flags
+    if missing:
+        raise RuntimeError(f"the CPU lacks {', '.join(sorted(missing))}")
+    from torch.utils import cpp_extension
+
+    src = SOURCE.read_text()
+    cpu = " ".join(sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c"))))
+    tag = hashlib.sha256("\n".join([src, torch.__version__, " ".join(FLAGS), cpu]).encode()).hexdigest()[:12]
+    name = f"dspark_native_{tag}"
+    root = Path(os.environ.get("DSPARK_CACHE", Path.home() / ".cache" / "dspark_trt")) / "native" / name
+    root.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    ext = cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+                             build_directory=str(root), verbose=False)
+    log.info("native kernels %s (%s) ready in %.1f s (%s)", name, ext.build_info(), time.perf_counter() - t0, root)
+    return ext
+
+
+def _ext() -> ModuleType | None:
+    if _state["ext"] is None and _state["reason"] is None:
+        with _lock:
+            if _state["ext"] is None and _state["reason"] is None:
+                try:
+                    _state["ext"] = _build()
+                except Exception as exc:  # noqa: BLE001 - any build failure → torch path
+                    _state["reason"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc) else ''}"
+                    log.warning("native kernels unavailable (%s); the runtime uses its pure-torch path",
+                                _state["reason"])
+    return _state["ext"]
+
+
+def available() -> bool:
+    """True when the native kernels are built (building them on the first call)."""
+    return _ext() is not None
+
+
+def unavailable_reason() -> str:
+    return "" if available() else str(_state["reason"])
+
+
+def has_vnni() -> bool:
+    ext = _ext()
+    return ext is not None and "vnni" in ext.build_info()
+
+
+def kind_for(w: torch.Tensor, x_dtype: torch.dtype, sq: bool = False) -> int | None:
+    """Packing kind for weight w with activations of x_dtype, or None when the native kernels do not cover it."""
+    if sq:
+        return P_SQ if w.dtype == torch.int8 and has_vnni() and x_dtype in (torch.bfloat16, torch.float32) else None
+    if w.dtype == torch.int8:
+        return {torch.bfloat16: P_I8P, torch.float32: P_I8F}.get(x_dtype)
+    if w.dtype != x_dtype:
+        return None
+    return {torch.bfloat16: P_BF16, torch.float32: P_F32}.get(w.dtype)
+
+
+def packed(w: torch.Tensor, kind: int, swiglu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The packed copy of w for kind (cached on the tensor; redone when w is modified in place or moved)."""
+    key = (kind, swiglu, w.data_ptr(), w._version, tuple(w.shape), w.dtype)
+    cache: dict = w.__dict__.setdefault("_dspark_packed", {})
+    hit = cache.get((kind, swiglu))
+    if hit is not None and hit[0] == key:
+        return hit[1], hit[2]
+    pk, rowsum = _ext().pack_weight(w.detach().contiguous(), kind, swiglu)  # type: ignore[union-attr]
+    cache[(kind, swiglu)] = (key, pk, rowsum)
+    return pk, rowsum
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, kind: int | None = None, *, bias: torch.Tensor | None = None,
+           bias_f32: bool = False, scale: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+           norm: torch.Tensor | None = None, eps: float = 0.0, swiglu: bool = False, out_f32: bool = False,
+           sq: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
+    """x [M, K] · w [N, K]ᵀ → [M, N] (or [M, N/2] with swiglu: up = rows [0, N/2), SiLU input = rows [N/2, N)).
+
+    Epilogue order (torch / HF numerics): optional RMSNorm of x (norm = its weight), product in fp32, · scale [N],
+    + bias (model dtype after rounding, or fp32 before it with bias_f32), round to the model dtype, SwiGLU, + residual
+    [M, Nout]; out_f32 returns the rounded values as float32. sq = (prequant scale [K] fp32, activation scale):
+    SmoothQuant int8 activations and exact int32 products.
+    """
+    ext = _ext()
+    k = kind if kind is not None else kind_for(w, x.dtype, sq is not None)
+    if ext is None or k is None:
+        raise RuntimeError("native.linear called without native support for these dtypes")
+    pk, rowsum = packed(w, k, swiglu)
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return ext.linear(x, pk, rowsum, k, w.shape[0], swiglu, scale, bias, bias_f32, residual, norm, float(eps),
+                      None if sq is None else sq[0], 0.0 if sq is None else float(sq[1]), out_f32)
+
+
+def rope_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.Tensor, ck: torch.Tensor,
+            cv: torch.Tensor, slots: torch.Tensor, heads: int, kv_heads: int) -> torch.Tensor:
+    """qkv [B·T, (H + 2·Hkv)·D], pos [B·T] long, slots [B] long → q [B·T, H·D] with RoPE; writes k (RoPE), v to
+    ck/cv [S, Hkv, max_seq, D] at (slot, :, pos)."""
+    return _ext().rope_kv(qkv, cos, sin, pos, ck, cv, slots, heads, kv_heads)  # type: ignore[union-attr]
+
+
+def attend(q: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
+           lengths: torch.Tensor, heads: int, window: int | None, scale: float) -> torch.Tensor:
+    """q [B·T, H·D]; row b's query t at position starts[b] + t over keys ≤ it (in the window) → [B·T, H·D];
+    queries t ≥ lengths[b] get zeros."""
+    return _ext().attend(q, ck, cv, slots, starts, lengths, heads, int(window or 0), float(scale))  # type: ignore[union-attr]
