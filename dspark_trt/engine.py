@@ -110,7 +110,9 @@ class SpeculativeDecodingEngine:
       max_length: most tokens per sequence, prompt included (≥ 2).
       draft_length: γ, the draft block size and the largest K (1..64).
       temperature (≥ 0; 0 = greedy), top_p ((0, 1]): the sampling settings used by BOTH drafter and target.
-      use_confidence_scheduling: True → the confidence K policy (min_k = min(2, γ), max_k = γ); False → fixed K = γ.
+      use_confidence_scheduling: True → the survival K policy (the drafter's calibrated confidence against the
+        profiled verify and drafter costs; never slower than plain by more than a probe round now and then);
+        False → fixed K = γ. policy="confidence" (alias "seed") selects the article's confidence formula.
       confidence_threshold: draft-side early stop in [0, 1): cut the block where the drafter's cumulative
         confidence Π c_i drops below it (needs a drafter with a confidence head; ignored otherwise). None = off.
       policy: override the K policy ("plain", "fixed", "confidence" (alias "seed"), "survival"); dtype: runtime
@@ -153,14 +155,19 @@ class SpeculativeDecodingEngine:
                 max_k = min(max_k, draft_length)
             if min_k is not None:
                 min_k = min(min_k, draft_length)
-        name = policy or ("plain" if self.drafter is None else "confidence" if use_confidence_scheduling else "fixed")
+        name = policy or ("plain" if self.drafter is None else "survival" if use_confidence_scheduling else "fixed")
         if name != "plain" and self.drafter is None:
             raise InvalidArgumentError(f"policy {name!r} needs a draft_model; pass one or use policy='plain'")
         lo = min(2, draft_length) if min_k is None else min_k
         self.policy = PolicyConfig(policy=name, k=draft_length, min_k=lo, max_k=draft_length if max_k is None else max_k,
                                    draft_stop=confidence_threshold or 0.0)
+        backend = build_backend(self.target, self.drafter, 1, max_length + draft_length + 2)
+        if cost_table is None and name == "survival":  # the survival policy weighs measured, not guessed, costs
+            from dspark_trt.runtime.profile import profile_costs
+
+            cost_table = profile_costs(backend, draft_length + 1, reps=3)
         self.loop_config = LoopConfig(gamma=draft_length, cost_table=cost_table or CostTable.linear())
-        self._backend = TimedBackend(build_backend(self.target, self.drafter, 1, max_length + draft_length + 2))
+        self._backend = TimedBackend(backend)
         self.eos_ids = tuple(sorted(_eos_set(self.target.config)
                                     | ({int(tokenizer.eos_token_id)} if getattr(tokenizer, "eos_token_id", None)
                                        is not None else set())))

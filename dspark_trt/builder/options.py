@@ -38,7 +38,7 @@ class BuildOptions:
     calib_samples: int = 32  # calibration sequences
     calib_seq_len: int = 128  # tokens per calibration sequence
     eval_tokens: int = 512  # held-out tokens for the quality report
-    policy: str = "confidence"  # served default K policy; the alias "seed" is stored as "confidence"
+    policy: str = "survival"  # served default K policy; the alias "seed" is stored as "confidence"
     min_k: int = 2
     max_k: int = 0  # 0 → γ (max_draft_len)
     max_queue: int = 64

@@ -89,5 +89,11 @@ def make_batcher(cfg: ServeConfig, loaded: LoadedBackend, metrics: ServeMetrics,
     from dspark_trt.serve.worker import InflightBatcher, serving_backend  # noqa: PLC0415
     from dspark_trt.spec_decode.loop import LoopConfig, RoundScheduler  # noqa: PLC0415
 
-    sched = RoundScheduler(serving_backend(loaded.backend, metrics, faults), LoopConfig(gamma=cfg.gamma))
+    table = None
+    if loaded.backend.drafter is not None and cfg.gamma > 0:  # measured verify + drafter costs for the survival policy
+        from dspark_trt.runtime.profile import profile_costs  # noqa: PLC0415
+
+        table = profile_costs(loaded.backend, cfg.gamma + 1, reps=3)
+    config = LoopConfig(gamma=cfg.gamma) if table is None else LoopConfig(gamma=cfg.gamma, cost_table=table)
+    sched = RoundScheduler(serving_backend(loaded.backend, metrics, faults), config)
     return InflightBatcher(sched, metrics, max_queue=cfg.max_queue).start()

@@ -43,7 +43,7 @@ class ServeLimits:
     max_batch: int
     gamma: int
     vocab_size: int
-    policy: str = "confidence"
+    policy: str = "survival"
     min_k: int = 2
     max_k: int = 8
     max_queue: int = 64
@@ -70,7 +70,7 @@ class GenerationParams:
     top_p: float = 1.0
     seed: int | None = None
     end_id: int | None = None
-    policy: str = "confidence"
+    policy: str = "survival"
     min_k: int = 2
     max_k: int = 8
     return_stats: bool = False

@@ -28,7 +28,8 @@ from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode import accept as spec_accept
 from dspark_trt.spec_decode.accept import AcceptResult
 from dspark_trt.spec_decode.protocols import Backend, DraftBlock, SamplingParams
-from dspark_trt.spec_decode.scheduler import CostTable, PolicyConfig, PolicyState, observe, schedule_batch
+from dspark_trt.spec_decode.scheduler import (CostTable, PolicyConfig, PolicyState, observe, plan_drafting,
+                                              schedule_batch)
 from dspark_trt.spec_decode.stats import RoundRecord, SpecStats
 
 log = logging.getLogger(__name__)
@@ -276,7 +277,8 @@ class RoundScheduler:
     def _round(self, events: dict[int, RoundEvent]) -> None:
         acts = list(self._active.values())
         b = len(acts)
-        caps = self._caps(acts)
+        caps = plan_drafting([a.req.policy for a in acts], [a.state for a in acts], self._caps(acts),
+                             self.config.cost_table)  # survival rows the drafter cannot pay for are not drafted
         block, rows, failed = self._draft(acts, caps)
         gamma = max((caps[i] for i in rows), default=0)
         conf_all = None

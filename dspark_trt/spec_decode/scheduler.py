@@ -11,8 +11,11 @@ Policies:
 - confidence (alias "seed"): conf = 0.4·avg_top1 + 0.3·min(5·avg(top1 − top2), 1) + 0.3·EMA(acceptance, 0.2 on
   the new round); K_next = clamp(int(min_k + (max_k − min_k)·(conf − low)/(high − low)), min_k, max_k); K rises only if the
   last round accepted ≥ 1; a first-token rejection (k ≥ 1, accepted 0) drops K to min_k at once.
-- survival: per-request K maximising Σ_r(1 + Σ_{j≤K_r} a_rj)·SPS(Σ_r(1 + K_r)) over the whole batch, by greedy
-  admission of (request, position) pairs in descending a, stopping at the first drop; floor K = 0.
+- survival (the default): per-request K maximising Σ_r(1 + Σ_{j≤K_r} a_rj)·SPS(Σ_r(1 + K_r)) over the whole
+  batch, by greedy admission of (request, position) pairs in descending a, stopping at the first drop; floor K = 0.
+  Before drafting, `plan_drafting` weighs the drafter's own cost too: a request whose observed acceptance cannot
+  pay for a drafter pass plus the extra verify tokens is not drafted (K = 0, drafter not run) for a backoff of
+  1, 2, 4, … rounds, then probed again — so a useless drafter costs little more than plain decoding.
 """
 from __future__ import annotations
 
@@ -29,15 +32,15 @@ from dspark_trt.spec_decode.confidence import (ConfidenceWeights, confidence_sco
                                                fallback_survival, round_signals, survival)
 from dspark_trt.spec_decode.policies import POLICIES, canonical_policy
 
-__all__ = ["POLICIES", "PolicyConfig", "PolicyState", "CostTable", "plan_survival", "schedule_batch",
-           "confidence_next_k"]
+__all__ = ["POLICIES", "PolicyConfig", "PolicyState", "CostTable", "plan_survival", "plan_drafting",
+           "drafting_gain", "observe_survival", "schedule_batch", "confidence_next_k"]
 
 
 @dataclass(frozen=True)
 class PolicyConfig:
     """One request's K policy and its parameters (unused fields are ignored by other policies)."""
 
-    policy: str = "confidence"  # one of POLICIES; the alias "seed" is stored as "confidence"
+    policy: str = "survival"  # one of POLICIES; the alias "seed" is stored as "confidence"
     k: int = 4  # fixed
     min_k: int = 2  # confidence
     max_k: int = 8  # confidence, survival
@@ -45,6 +48,9 @@ class PolicyConfig:
     high: float = 0.7  # confidence: conf at/above → max_k
     weights: ConfidenceWeights = field(default_factory=ConfidenceWeights)
     draft_stop: float = 0.0  # draft-side early stop: cut where Π c_i < draft_stop (0 = off; needs drafter conf)
+    gate: bool = True  # survival: skip drafting (with backoff) while the drafter does not pay for its own cost
+    gate_margin: float = 0.02  # survival gate: drafting must promise ≥ this relative gain over plain decoding
+    max_backoff: int = 64  # survival gate: the longest run of undrafted rounds between probes
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", canonical_policy(self.policy))
@@ -60,6 +66,9 @@ class PolicyConfig:
             raise InvalidArgumentError(f"need 0 ≤ low < high ≤ 1, got low={self.low}, high={self.high}")
         if not 0.0 <= self.draft_stop < 1.0:
             raise InvalidArgumentError(f"draft_stop (confidence threshold) must be in [0, 1), got {self.draft_stop}")
+        if self.gate_margin < 0 or self.max_backoff < 1:
+            raise InvalidArgumentError(f"need gate_margin ≥ 0 and max_backoff ≥ 1, got {self.gate_margin}, "
+                                       f"{self.max_backoff}")
 
 
 @dataclass
@@ -71,6 +80,11 @@ class PolicyState:
     last_accepted: int = -1  # -1 before the first round
     last_k: int = -1
     conf: float = float("nan")  # last confidence-formula value
+    survival_est: list[float] = field(default_factory=list)  # observed P(accepted ≥ j), j = 1.. (survival gate)
+    observed: int = 0  # verified rounds behind survival_est
+    skip_left: int = 0  # survival gate: rounds left without drafting
+    backoff: int = 1  # survival gate: length of the next skip
+    probe: bool = True  # survival gate: draft this round whatever the estimate says (first round, after a skip)
 
     @classmethod
     def initial(cls, cfg: PolicyConfig) -> "PolicyState":
@@ -98,6 +112,7 @@ def observe(cfg: PolicyConfig, state: PolicyState, k: int, accepted: int,
     avg_top1, avg_margin = round_signals(top1, margin, k)
     if k >= 1:
         state.ema = ema_update(state.ema, accepted / k, cfg.weights.ema_weight)
+        observe_survival(state, k, accepted)
     conf = confidence_score(avg_top1, avg_margin, state.ema, cfg.weights)
     if cfg.policy == "confidence":
         state.k = confidence_next_k(cfg, conf, state.k, k, accepted)
@@ -115,8 +130,12 @@ class CostTable:
 
     tokens: tuple[int, ...]
     seconds: tuple[float, ...]
+    draft_t0: float = 0.0  # drafter pass seconds = draft_t0 + draft_t1 · drafted rows (0 rows: nothing)
+    draft_t1: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.draft_t0 < 0 or self.draft_t1 < 0 or not math.isfinite(self.draft_t0 + self.draft_t1):
+            raise InvalidArgumentError("cost table 'draft' costs (t0, t1) must be finite and ≥ 0")
         if len(self.tokens) != len(self.seconds) or not self.tokens:
             raise InvalidArgumentError("cost table needs equally long, non-empty 'tokens' and 'seconds' lists")
         if any(b <= a for a, b in zip(self.tokens, self.tokens[1:])):
@@ -125,10 +144,12 @@ class CostTable:
             raise InvalidArgumentError("cost table 'seconds' must be positive and finite")
 
     @classmethod
-    def linear(cls, t0: float = 1.0, t1: float = 0.08, max_tokens: int = 1024) -> "CostTable":
+    def linear(cls, t0: float = 1.0, t1: float = 0.08, max_tokens: int = 1024, draft_t0: float = 0.2,
+               draft_t1: float = 0.02) -> "CostTable":
         """Default model: one target step over n tokens costs t0 + t1·n (relative units; only ratios matter).
-        t1/t0 = 0.08 is memory-bound decoding: verifying 8 extra tokens costs ~1.6× a plain step."""
-        return cls((1, max_tokens), (t0 + t1, t0 + t1 * max_tokens))
+        t1/t0 = 0.08 is memory-bound decoding: verifying 8 extra tokens costs ~1.6× a plain step; a drafter pass
+        costs about 0.2 of a step. Profiled tables (runtime.profile.profile_costs) replace these guesses."""
+        return cls((1, max_tokens), (t0 + t1, t0 + t1 * max_tokens), draft_t0, draft_t1)
 
     @classmethod
     def from_json(cls, path: str | Path) -> "CostTable":
@@ -137,9 +158,18 @@ class CostTable:
         except (OSError, json.JSONDecodeError) as exc:
             raise InvalidArgumentError(f"cannot read cost table {path}: {exc}; pass a JSON file with "
                                        f'{{"tokens": [...], "seconds": [...]}} or {{"t0": .., "t1": ..}}') from exc
+        draft = data.get("draft", {})
+        d0, d1 = float(draft.get("t0", 0.0)), float(draft.get("t1", 0.0))
         if "t0" in data:
-            return cls.linear(float(data["t0"]), float(data["t1"]), int(data.get("max_tokens", 1024)))
-        return cls(tuple(int(t) for t in data["tokens"]), tuple(float(s) for s in data["seconds"]))
+            return cls.linear(float(data["t0"]), float(data["t1"]), int(data.get("max_tokens", 1024)), d0, d1)
+        return cls(tuple(int(t) for t in data["tokens"]), tuple(float(s) for s in data["seconds"]), d0, d1)
+
+    def to_json(self) -> dict[str, object]:
+        return {"tokens": list(self.tokens), "seconds": list(self.seconds),
+                "draft": {"t0": self.draft_t0, "t1": self.draft_t1}}
+
+    def draft_seconds(self, rows: int) -> float:
+        return self.draft_t0 + self.draft_t1 * rows if rows > 0 else 0.0
 
     def step_seconds(self, n: int) -> float:
         ts, ss = self.tokens, self.seconds
@@ -183,6 +213,67 @@ def plan_survival(a_rows: Sequence[torch.Tensor], fixed_tokens: int, table: Cost
         tau -= neg_a
         theta = new_theta
     return ks
+
+
+def observe_survival(state: PolicyState, k: int, accepted: int, floor_weight: float = 0.25) -> None:
+    """Fold one verified round (k ≥ 1 tokens, `accepted` of them kept) into the observed survival estimate
+    P(accepted ≥ j): a running mean over the first rounds, then an EMA with weight `floor_weight`."""
+    state.observed += 1
+    w = max(1.0 / state.observed, floor_weight)
+    est = state.survival_est
+    for j in range(1, k + 1):
+        hit = 1.0 if accepted >= j else 0.0
+        if j <= len(est):
+            est[j - 1] = (1.0 - w) * est[j - 1] + w * hit
+        else:
+            est.append(hit)
+
+
+def drafting_gain(est: Sequence[float], cap: int, rows: int, table: CostTable) -> float:
+    """Best relative throughput of drafting one more row of a `rows`-row round over leaving it plain:
+    max_K (rows + Σ_{j≤K} a_j) / (step(rows + K) + draft(1)) ÷ (rows / step(rows)), a = observed survival made
+    non-increasing; 0 when nothing can be verified."""
+    a, run = [], 1.0
+    for x in list(est)[:cap]:
+        run = min(run, float(x))
+        a.append(run)
+    if not a:
+        return 0.0
+    base = rows * table.sps(rows)
+    best, gained = 0.0, 0.0
+    for K, aj in enumerate(a, start=1):
+        gained += aj
+        rate = (rows + gained) / (table.step_seconds(rows + K) + table.draft_seconds(1))
+        best = max(best, rate / base)
+    return best
+
+
+def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], caps: Sequence[int],
+                  table: CostTable) -> list[int]:
+    """Draft caps for one round before the drafter runs: survival rows whose observed acceptance cannot pay for a
+    drafter pass and its verify tokens get 0 (not drafted) for 1, 2, 4, … rounds (up to max_backoff), then one
+    probe round drafts again whatever the estimate says. Other policies keep their caps. Updates `states`."""
+    out = [max(0, int(c)) for c in caps]
+    rows = len(out)
+    for r, (cfg, st) in enumerate(zip(cfgs, states)):
+        if cfg.policy != "survival" or not cfg.gate or out[r] == 0:
+            continue
+        if st.skip_left > 0:
+            st.skip_left -= 1
+            st.probe = st.skip_left == 0
+            out[r] = 0
+            continue
+        if st.probe or not st.survival_est:
+            st.probe = False
+            continue
+        if drafting_gain(st.survival_est, out[r], rows, table) >= 1.0 + cfg.gate_margin:
+            st.backoff = 1
+            continue
+        out[r] = 0
+        st.skip_left = st.backoff - 1
+        st.probe = st.skip_left == 0
+        st.backoff = min(2 * st.backoff, cfg.max_backoff)
+    return out
 
 
 def schedule_batch(

@@ -133,7 +133,8 @@ def test_bad_options(kw: dict, needle: str) -> None:
 
 
 def test_policy_seed_is_stored_as_confidence() -> None:
-    assert BuildOptions(policy="seed").policy == "confidence" == BuildOptions().policy
-    assert BuildOptions.from_dict({"policy": "seed"}) == BuildOptions()  # manifests written before the rename
+    assert BuildOptions(policy="seed").policy == "confidence"
+    assert BuildOptions().policy == "survival"  # the served default: never slower than plain decoding
+    assert BuildOptions.from_dict({"policy": "seed"}) == BuildOptions(policy="confidence")  # pre-rename manifests
     with pytest.raises(InvalidArgumentError, match="--policy"):
         BuildOptions(policy="seeds")

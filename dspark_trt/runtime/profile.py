@@ -1,0 +1,77 @@
+"""Measured round costs for the survival K policy: target step seconds by tokens in one pass, and the
+drafter's pass seconds, on the backend that will serve (same model, dtype, threads).
+
+Owns `profile_costs(backend, ...)` → spec_decode.scheduler.CostTable (target step by batch tokens and a
+linear drafter cost by drafted rows). Runs on slots it frees again, before the backend serves requests.
+Knows nothing about policies beyond building the table.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Sequence
+
+import torch
+
+from dspark_trt.spec_decode.protocols import SamplingParams
+from dspark_trt.spec_decode.scheduler import CostTable
+
+log = logging.getLogger(__name__)
+
+
+def _fastest(fn, reps: int) -> float:  # noqa: ANN001 - a zero-argument callable
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def profile_costs(backend, max_tokens: int, context: int = 64, reps: int = 5, gamma: int | None = None,  # noqa: ANN001
+                  draft_rows: Sequence[int] = (1, 2)) -> CostTable:
+    """Fastest-of-reps seconds of one target pass over n = 1..max_tokens tokens (batch 1, `context` tokens cached,
+    taps included) and of one drafter pass of γ tokens over 1 and 2 rows (→ draft_t0 + draft_t1·rows); the step
+    column never falls with more tokens (timer noise is clipped). `backend` is a runtime.backend.SpecBackend."""
+    vocab = int(backend.vocab_size)
+    n_slots = min(int(backend.max_batch), max(draft_rows))
+    slots = list(range(n_slots))
+    ctx = max(1, min(context, int(backend.max_seq) - max_tokens - 2))
+    prompt = [(17 + 31 * i) % vocab for i in range(ctx)]
+    backend.prefill(slots, [prompt] * n_slots)
+    target, cache = backend.target, backend.cache
+    slot0 = torch.tensor([0])
+    start = cache.lengths[slot0].clone()  # [1]
+    greedy = SamplingParams()
+    secs: list[float] = []
+    with torch.inference_mode():
+        for n in range(1, max_tokens + 1):
+            toks = torch.tensor([[(101 + 7 * j) % vocab for j in range(n)]])  # [1, n]: anchor + n-1 draft tokens
+
+            def one_pass() -> None:  # the verify pass (taps included), then back to the same context
+                target(toks, cache, slot0, taps=backend.taps, logits="all")
+                cache.truncate(slot0, start)
+
+            secs.append(_fastest(one_pass, reps))
+        d0 = d1 = 0.0
+        drafter = getattr(backend, "drafter", None)
+        g = gamma or int(getattr(drafter, "gamma", 0) or 0)
+        if g > 0 and drafter is not None:
+            rows_list = [r for r in draft_rows if r <= n_slots]
+            times = []
+            for rows in rows_list:
+                anchors = torch.full((rows,), 42, dtype=torch.long)
+                times.append(_fastest(lambda: backend.draft(slots[:rows], anchors, g, [greedy] * rows), reps))
+            if len(times) >= 2:
+                d1 = max((times[1] - times[0]) / (rows_list[1] - rows_list[0]), 0.0)
+                d0 = max(times[0] - d1 * rows_list[0], 0.0)
+            else:
+                d0 = times[0]
+    for slot in slots:
+        backend.release(slot)
+    for i in range(1, len(secs)):
+        secs[i] = max(secs[i], secs[i - 1] * 1.0001)
+    table = CostTable(tuple(range(1, max_tokens + 1)), tuple(secs), draft_t0=d0, draft_t1=d1)
+    log.info("cost table: step by tokens %s ms; drafter %.2f + %.2f·rows ms",
+             [round(s * 1e3, 2) for s in secs], d0 * 1e3, d1 * 1e3)
+    return table

@@ -1,0 +1,112 @@
+"""The survival policy's drafting gate: a drafter that cannot pay for its own cost is not run (with backoff and
+probes), a drafter that pays always is, and output stays the target's greedy output either way."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dspark_trt.errors import InvalidArgumentError
+from dspark_trt.spec_decode.loop import LoopConfig, generate
+from dspark_trt.spec_decode.protocols import DraftBlock
+from dspark_trt.spec_decode.scheduler import (CostTable, PolicyConfig, PolicyState, drafting_gain, observe_survival,
+                                              plan_drafting)
+
+# verify of 1..9 tokens: 1.00 1.05 … 1.40 (relative), drafter pass 0.2 of a step: a CPU-like profile
+TABLE = CostTable(tuple(range(1, 10)), tuple(1.0 + 0.05 * i for i in range(9)), draft_t0=0.2, draft_t1=0.0)
+
+
+def _run_rounds(hit: int, rounds: int, cap: int = 7) -> list[bool]:
+    """Drive plan_drafting + observe_survival for one survival request whose drafted rounds accept `hit` tokens
+    (K = cap); → drafted? per round."""
+    cfg = PolicyConfig(policy="survival", max_k=cap)
+    st = PolicyState.initial(cfg)
+    drafted = []
+    for _ in range(rounds):
+        caps = plan_drafting([cfg], [st], [cap], TABLE)
+        drafted.append(caps[0] > 0)
+        if caps[0] > 0:
+            observe_survival(st, cap, hit)
+    return drafted
+
+
+def test_useless_drafter_is_probed_with_exponential_backoff() -> None:
+    drafted = _run_rounds(hit=0, rounds=400)
+    assert drafted[0]  # the first round probes
+    n = sum(drafted)
+    assert n <= 14, n  # 1 probe + log2(64) doublings + 400/64 probes at the longest backoff
+    gaps = [j - i for i, j in zip([k for k, d in enumerate(drafted) if d], [k for k, d in enumerate(drafted) if d][1:])]
+    assert gaps == sorted(gaps) and max(gaps) == 64 + 1  # skips of 1, 2, 4 … 64 rounds between probes
+
+
+def test_paying_drafter_is_always_drafted() -> None:
+    assert all(_run_rounds(hit=3, rounds=100))
+
+
+def test_drafter_that_stops_paying_is_dropped_and_recovers_after_a_probe() -> None:
+    cfg = PolicyConfig(policy="survival", max_k=4)
+    st = PolicyState.initial(cfg)
+    drafted = []
+    for r in range(300):  # the drafter is good for 20 rounds, useless for 40, then good again
+        caps = plan_drafting([cfg], [st], [4], TABLE)
+        drafted.append(caps[0] > 0)
+        if caps[0] > 0:
+            observe_survival(st, 4, 0 if 20 <= r < 60 else 4)
+    assert all(drafted[:21])
+    assert sum(drafted[20:60]) <= 14  # the estimate (EMA 0.25) falls below paying within ~8 rounds, then backoff
+    assert all(drafted[60 + cfg.max_backoff + 2:])  # drafting again from the first probe after it recovered
+
+
+def test_drafting_gain_counts_the_drafter_cost() -> None:
+    assert drafting_gain([], 4, 1, TABLE) == 0.0
+    assert drafting_gain([0.0] * 7, 7, 1, TABLE) < 1.0  # nothing accepted: drafting only costs
+    # a_1 = 0.15: 1.15 tokens per (1.05 + 0.2) step-units < 1 token per unit → does not pay
+    assert drafting_gain([0.15], 1, 1, TABLE) < 1.0
+    assert drafting_gain([0.9, 0.8, 0.7, 0.6], 4, 1, TABLE) > 1.5
+    free = CostTable(TABLE.tokens, TABLE.seconds)
+    assert drafting_gain([0.3], 1, 1, free) > drafting_gain([0.3], 1, 1, TABLE)  # a free drafter pays sooner
+
+
+def test_other_policies_and_gate_off_are_untouched() -> None:
+    fixed = PolicyConfig(policy="fixed", k=3)
+    off = PolicyConfig(policy="survival", gate=False)
+    sts = [PolicyState.initial(fixed), PolicyState.initial(off)]
+    for st in sts:
+        st.survival_est, st.probe = [0.0] * 8, False
+    assert plan_drafting([fixed, off], sts, [3, 8], TABLE) == [3, 8]
+
+
+def test_cost_table_json_keeps_the_drafter_cost(tmp_path: Path) -> None:
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps(TABLE.to_json()))
+    assert CostTable.from_json(f) == TABLE
+    with pytest.raises(InvalidArgumentError, match="draft"):
+        CostTable((1,), (1.0,), draft_t0=-1.0)
+
+
+class _UselessDrafter:
+    """Wraps a backend: every draft token is shifted by one id, so the target (almost) never agrees."""
+
+    def __init__(self, inner) -> None:  # noqa: ANN001
+        self.inner = inner
+        self.draft_calls = 0
+
+    def __getattr__(self, name: str):  # noqa: ANN204
+        return getattr(self.inner, name)
+
+    def draft(self, *args, **kwargs) -> DraftBlock:  # noqa: ANN002, ANN003
+        self.draft_calls += 1
+        blk = self.inner.draft(*args, **kwargs)
+        bad = (blk.tokens + 1) % self.inner.vocab_size
+        return DraftBlock(bad, blk.q, None if blk.conf is None else torch.ones_like(blk.conf))
+
+
+def test_useless_drafter_runs_rarely_and_output_stays_exact(ref_backend, greedy_oracle, tiny_models) -> None:
+    be = _UselessDrafter(ref_backend("draft"))
+    prompt, n = [11, 22, 33, 44, 55], 60
+    res = generate(be, prompt, max_new_tokens=n, policy=PolicyConfig(policy="survival", max_k=4),
+                   config=LoopConfig(gamma=4, cost_table=TABLE))
+    assert res.tokens == greedy_oracle(tiny_models["target"], prompt, n)
+    assert be.draft_calls <= 8, be.draft_calls  # of ~60 rounds
