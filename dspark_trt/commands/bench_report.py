@@ -1,0 +1,147 @@
+"""The `dspark-trt bench` report: markdown (docs/benchmarks.md) and a PNG plot next to it.
+
+Owns the machine/commit stamp, the tables (tok/s and ratios by engine; τ, acceptance and drafted-round share;
+acceptance per position j; τ by prompt kind; the measured cost table) and the plot (tok/s by engine, acceptance
+by position). Knows the bench's result shapes, nothing about running models.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import os
+import platform
+import statistics
+import subprocess
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("dspark_trt.bench")
+
+
+def machine_stamp() -> dict[str, Any]:
+    import torch
+
+    model = platform.processor() or "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    return {"cpu": model, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "commit": commit,
+            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def _merged(stats: list[Any]) -> Any:
+    return stats[0].merge(stats[1:])
+
+
+def write_report(args: argparse.Namespace, results: dict[str, Any], gamma: int, n_prompts: int, draft_dir: Path,
+                 table: Any) -> str:
+    """Markdown report → args.out, plot → args.out with suffix .png; returns the markdown."""
+    stamp = machine_stamp()
+    med = {k: statistics.median(v.rates) for k, v in results.items() if v.rates}
+    plain = med.get("ours plain", 0.0)
+    hf = med.get("HF generate (bf16)")
+    lines = [
+        "# Benchmarks", "",
+        f"Machine: {stamp['cpu']}, {stamp['cores']} cores (torch threads {stamp['torch_threads']}), "
+        f"torch {stamp['torch']}, commit {stamp['commit']}, {stamp['date']}.", "",
+        f"Target: {args.target or 'embedded SmolLM2-135M-Instruct'} ({args.dtype}); drafter: {draft_dir.name} "
+        f"(γ = {gamma}). {n_prompts} prompts ({args.prompts or 'held-out set: never used in training'}), greedy, "
+        f"EOS ignored, {args.max_new_tokens} new tokens per run, {args.repeats} interleaved round(s). Decode tok/s "
+        f"excludes prompt processing (a 1-token run of the same prompt is subtracted); median over prompts × rounds. "
+        f"Command: `dspark-trt bench --max-new-tokens {args.max_new_tokens} --repeats {args.repeats} --threads "
+        f"{stamp['torch_threads']}`.", "",
+        "| engine | decode tok/s | vs ours plain | vs HF bf16 | τ | acceptance α | drafted rounds | "
+        "first-token reject | output = plain greedy |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    per_pos: list[str] = []
+    kinds = sorted({k for r in results.values() for k in r.kinds})
+    per_kind: list[str] = []
+    for name, r in med.items():
+        vs_plain = f"{r / plain:.2f}×" if plain else "–"
+        vs_hf = f"{r / hf:.2f}×" if hf else "–"
+        res = results[name]
+        if not res.stats:
+            lines.append(f"| {name} | {r:.1f} | {vs_plain} | {vs_hf} | 1.00 | – | – | – | reference |")
+            continue
+        s = _merged(res.stats)
+        same = "reference" if name == "ours plain" else (
+            "yes" if res.mismatches == 0 else f"NO ({res.mismatches} runs differ)")
+        rounds = max(s.verify_calls, 1)
+        alpha, ftr = ((f"{s.acceptance_rate:.2f}", f"{s.first_token_rejection_rate:.2f}") if s.drafted_tokens
+                      else ("–", "–"))
+        drafted = f"{s.draft_calls / rounds:.0%}" if name != "ours plain" else "–"
+        lines.append(f"| {name} | {r:.1f} | {vs_plain} | {vs_hf} | {s.tau:.2f} | {alpha} | {drafted} | {ftr} | "
+                     f"{same} |")
+        if s.drafted_tokens:
+            cells = [f"{x:.2f}" for x in s.acceptance_per_position()][:gamma]
+            per_pos.append(f"| {name} | " + " | ".join(cells + ["–"] * (gamma - len(cells))) + " |")
+        if name != "ours plain":
+            taus = [_merged([st for st, k in zip(res.stats, res.kinds) if k == kind]).tau for kind in kinds]
+            per_kind.append(f"| {name} | " + " | ".join(f"{t:.2f}" for t in taus) + " |")
+    if per_pos:
+        lines += ["", "Acceptance per position j (rounds with accepted ≥ j / rounds that verified ≥ j tokens):", "",
+                  "| engine | " + " | ".join(f"j={j}" for j in range(1, gamma + 1)) + " |", "|---|" + "---|" * gamma]
+        lines += per_pos
+    if per_kind and kinds:
+        lines += ["", "τ by prompt kind:", "", "| engine | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
+        lines += per_kind
+    base = table.seconds[0]
+    lines += ["", "Measured costs (batch 1, shared by every policy): target step by tokens in one pass "
+              + ", ".join(f"{n}: {s / base:.2f}×" for n, s in zip(table.tokens, table.seconds))
+              + f" (1 token = {base * 1e3:.1f} ms); drafter pass {table.draft_seconds(1) / base:.2f}× a decode step.",
+              "", "τ = generated tokens / target forwards (prefill included, bonus included). \"drafted rounds\": share "
+              "of rounds in which the drafter ran (the survival policy skips it while it does not pay).", ""]
+    png = args.out.with_suffix(".png")
+    if _plot(png, med, results, gamma, stamp):
+        lines += [f"![tok/s by engine and acceptance by position]({png.name})", ""]
+    if args.note:
+        lines += ["## Notes", ""] + [f"- {n}" for n in args.note] + [""]
+    text = "\n".join(lines)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text)
+    return text
+
+
+def _plot(path: Path, med: dict[str, float], results: dict[str, Any], gamma: int, stamp: dict[str, Any]) -> bool:
+    """tok/s by engine (bars) and acceptance by position j (lines); False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("matplotlib is not installed: no plot (pip install 'dspark_trt[dev]')")
+        return False
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    names = list(med)
+    ax1.barh(names, [med[n] for n in names], color=["tab:gray" if "DSpark" not in n else "tab:blue" for n in names])
+    ax1.set_xlabel("decode tok/s (median)")
+    ax1.invert_yaxis()
+    ax1.tick_params(axis="y", labelsize=7)
+    for name, res in results.items():
+        if res.stats and "DSpark" in name:
+            acc = _merged(res.stats).acceptance_per_position()[:gamma]
+            if acc:
+                ax2.plot(range(1, len(acc) + 1), acc, marker="o", label=name.replace("ours DSpark ", ""))
+    ax2.set_xlabel("draft position j")
+    ax2.set_ylabel("acceptance (accepted ≥ j | verified ≥ j)")
+    ax2.set_ylim(0, 1)
+    ax2.legend(fontsize=6)
+    fig.suptitle(f"dspark-trt bench — {stamp['cpu']}, {stamp['torch_threads']} threads, {stamp['commit']}", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
