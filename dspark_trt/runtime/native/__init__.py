@@ -1,9 +1,10 @@
-"""Native row-invariant CPU kernels of the runtime (kernels.cpp), compiled with torch.utils.cpp_extension at first use.
+"""Native row-invariant CPU kernels of the runtime (linear.cpp, attention.cpp; bound by module.cpp), compiled with
+torch.utils.cpp_extension at first use.
 
 Owns: whether they can run here (x86-64 with AVX-512F/BW, a working C++ toolchain, DSPARK_NATIVE not "0"),
 building and caching the extension under $DSPARK_CACHE/native (one build per kernel source, torch version and
 CPU flags; later processes load it in well under a second), the packed-weight cache (weights are re-laid out once
-per tensor version, see kernels.cpp "products"), and typed wrappers `linear`, `rope_kv`, `attend`. Every failure to
+per tensor version, see linear.cpp), the AMX switch, and typed wrappers `linear`, `rope_kv`, `attend`. Every failure to
 build is logged once and turns the native path off (the runtime then uses the pure-torch path of runtime.ops).
 Knows nothing about models.
 """
@@ -23,9 +24,11 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("kernels.cpp")
+HERE = Path(__file__).parent
+SOURCES = [HERE / "module.cpp", HERE / "linear.cpp", HERE / "attention.cpp"]
+HEADERS = [HERE / "common.h"]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-DNDEBUG"]
-# packing kinds, as kernels.cpp `enum Pack`
+# packing kinds, as linear.cpp `enum Pack`
 P_BF16, P_F32, P_I8P, P_I8F, P_SQ = 0, 1, 2, 3, 4
 
 _lock = threading.Lock()
@@ -53,15 +56,16 @@ def _build() -> ModuleType:
         raise RuntimeError(f"the CPU lacks {', '.join(sorted(missing))}")
     from torch.utils import cpp_extension
 
-    src = SOURCE.read_text()
+    src = "\n".join(p.read_text() for p in SOURCES + HEADERS)
     cpu = " ".join(sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c"))))
     tag = hashlib.sha256("\n".join([src, torch.__version__, " ".join(FLAGS), cpu]).encode()).hexdigest()[:12]
     name = f"dspark_native_{tag}"
     root = Path(os.environ.get("DSPARK_CACHE", Path.home() / ".cache" / "dspark_trt")) / "native" / name
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    ext = cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
-                             build_directory=str(root), verbose=False)
+    ext = cpp_extension.load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
+                             extra_include_paths=[str(HERE)], extra_ldflags=["-fopenmp"], build_directory=str(root),
+                             verbose=False)
     log.info("native kernels %s (%s) ready in %.1f s (%s)", name, ext.build_info(), time.perf_counter() - t0, root)
     return ext
 
@@ -91,6 +95,18 @@ def unavailable_reason() -> str:
 def has_vnni() -> bool:
     ext = _ext()
     return ext is not None and "vnni" in ext.build_info()
+
+
+def set_amx(on: bool) -> None:
+    """Allow (default) or forbid AMX tiles for the products (benchmarks and tests of the FMA engine)."""
+    ext = _ext()
+    if ext is not None:
+        ext.set_amx(bool(on))
+
+
+def amx_active() -> bool:
+    ext = _ext()
+    return ext is not None and bool(ext.amx_active())
 
 
 def kind_for(w: torch.Tensor, x_dtype: torch.dtype, sq: bool = False) -> int | None:
