@@ -28,7 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc-port", type=int, default=8001, help="gRPC port, 0 = any free (default: %(default)s)")
     parser.add_argument("--metrics-port", type=int, default=8002,
                         help="Prometheus metrics port, 0 = any free (default: %(default)s)")
-    parser.add_argument("--log-file", type=Path, default=None, help="tritonserver log (default: a temp file)")
+    parser.add_argument("--log-file", type=Path, default=None,
+                        help="tritonserver log (default: in the server's run directory, removed at stop unless "
+                             "--keep-logs)")
+    parser.add_argument("--keep-logs", action="store_true",
+                        help="keep the server's run directory (dspark_triton_* in the temp dir, with its log) at stop")
     parser.add_argument("--log-verbose", type=int, default=0, help="tritonserver --log-verbose level")
     parser.add_argument("--bundled", action="store_true",
                         help="use the nvidia-pytriton bundled tritonserver even if one is on PATH")
@@ -61,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     frontend = None
     server = TritonServer(repo, http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
                           host=args.host, log_path=args.log_file, log_verbose=args.log_verbose,
-                          ready_timeout=args.ready_timeout, prefer_system=not args.bundled)
+                          ready_timeout=args.ready_timeout, prefer_system=not args.bundled,
+                          keep_logs=args.keep_logs)
     try:
         server.start()
         openai = ""

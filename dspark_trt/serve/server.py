@@ -8,7 +8,9 @@ Facts about the python-backend stub this follows: it must be symlinked (a copy l
 RUNPATH); the stub embeds Python in isolated mode, ignores PYTHONPATH and finds its prefix by searching PATH
 for `python3`, so the venv's bin goes first in PATH; LD_LIBRARY_PATH gets the interpreter's LIBDIR so the stub
 loads the same libpython. A crashed stub leaves /dev/shm/triton_python_backend_shm_region_* behind: stop()
-removes the regions this server's processes had mapped, and only those.
+removes the regions this server's processes had mapped, and only those. Each start makes one run directory
+(`dspark_triton_*` in the temp dir: the backend symlinks and, unless `log_path` is given, the server log); stop()
+removes it unless `keep_logs` is set (then it logs where the log stays).
 """
 from __future__ import annotations
 
@@ -163,6 +165,7 @@ class TritonServer:
     extra_args: tuple[str, ...] = ()
     env: dict[str, str] | None = None
     prefer_system: bool = True
+    keep_logs: bool = False  # keep the run directory (and the server log in it) after stop()
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _tmp: Path | None = field(default=None, init=False, repr=False)
     _shm: set[str] = field(default_factory=set, init=False, repr=False)
@@ -207,22 +210,23 @@ class TritonServer:
                              "or pass --repo build/NAME/model_repo")
         inst = find_triton(self.prefer_system)
         self._tmp = Path(tempfile.mkdtemp(prefix="dspark_triton_"))
-        # bundled: a directory of symlinks to the wheel's pieces; system: its own (keeps e.g. tensorrtllm there)
-        backend_dir = inst.python_backend.parent if inst.system else prepare_backend_dir(inst, self._tmp / "backends")
-        for name in ("http_port", "grpc_port", "metrics_port"):
-            if getattr(self, name) == 0:
-                setattr(self, name, free_port())
-        if self.log_path is None:
-            self.log_path = self._tmp / "tritonserver.log"
-        cmd = self.command(backend_dir)
-        log.info("starting %s (log: %s)", " ".join(cmd), self.log_path)
-        with open(self.log_path, "ab") as out:
-            self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          env=server_env(self.env), start_new_session=True)
         try:
+            # bundled: a directory of symlinks to the wheel's pieces; system: its own (keeps e.g. tensorrtllm there)
+            backend_dir = (inst.python_backend.parent if inst.system
+                           else prepare_backend_dir(inst, self._tmp / "backends"))
+            for name in ("http_port", "grpc_port", "metrics_port"):
+                if getattr(self, name) == 0:
+                    setattr(self, name, free_port())
+            if self.log_path is None:
+                self.log_path = self._tmp / "tritonserver.log"
+            cmd = self.command(backend_dir)
+            log.info("starting %s (log: %s)", " ".join(cmd), self.log_path)
+            with open(self.log_path, "ab") as out:
+                self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                              env=server_env(self.env), start_new_session=True)
             self.wait_ready()
-        except BaseException:
-            self.stop()
+        except BaseException as exc:  # a failed start names its log: keep it to read (not on Ctrl-C)
+            self.stop(keep_logs=self.keep_logs or not isinstance(exc, KeyboardInterrupt))
             raise
         self._shm |= _mapped_shm(_group_pids(self._proc.pid))
         return self
@@ -255,8 +259,9 @@ class TritonServer:
         raise ServeError(f"tritonserver not ready after {self.ready_timeout:.0f} s (a model failed to load?); "
                          f"log tail:\n{self.log_tail()}")
 
-    def stop(self) -> None:
-        """SIGTERM, wait, SIGKILL the process group if needed; remove shm regions left by this server."""
+    def stop(self, keep_logs: bool | None = None) -> None:
+        """SIGTERM, wait, SIGKILL the process group if needed; remove shm regions left by this server and its run
+        directory (kept, with the log in it, when keep_logs — default: the field — is true)."""
         proc, self._proc = self._proc, None
         if proc is not None:
             pgid = proc.pid
@@ -285,11 +290,16 @@ class TritonServer:
                 log.warning("removing leftover shared memory region %s", path)
                 path.unlink(missing_ok=True)
         self._shm.clear()
-        if self._tmp is not None:
-            keep_log = self.log_path is not None and self._tmp in Path(self.log_path).parents
-            shutil.rmtree(self._tmp / "backends", ignore_errors=True)
-            if not keep_log:
-                shutil.rmtree(self._tmp, ignore_errors=True)
+        tmp, self._tmp = self._tmp, None
+        if tmp is not None:
+            log_inside = self.log_path is not None and tmp in Path(self.log_path).parents
+            shutil.rmtree(tmp / "backends", ignore_errors=True)
+            if (self.keep_logs if keep_logs is None else keep_logs) and log_inside:
+                log.info("tritonserver log kept at %s", self.log_path)
+            else:
+                shutil.rmtree(tmp, ignore_errors=True)
+                if log_inside:
+                    self.log_path = None  # it was in the run directory, now gone
 
     def __enter__(self) -> "TritonServer":
         return self.start()
