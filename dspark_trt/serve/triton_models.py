@@ -46,6 +46,25 @@ def _setup_logging() -> None:
         root.setLevel(logging.INFO)
 
 
+def _utf8_locale() -> None:
+    """The stub embeds Python in isolated mode, which never sets LC_CTYPE: the locale stays "C" and every
+    open()/read_text() without an encoding decodes ASCII (it broke loading the runtime's native kernels in the
+    stub, halving served speed). Take LC_CTYPE from the environment as a normal interpreter does, else C.UTF-8."""
+    import locale  # noqa: PLC0415
+
+    if locale.getpreferredencoding(False).lower().replace("-", "") == "utf8":
+        return
+    for name in ("", "C.UTF-8", "en_US.UTF-8"):
+        try:
+            locale.setlocale(locale.LC_CTYPE, name)
+        except locale.Error:
+            continue
+        if locale.getpreferredencoding(False).lower().replace("-", "") == "utf8":
+            return
+    log.warning("no UTF-8 locale in the python-backend stub (preferred encoding %s); text files without an explicit "
+                "encoding may fail to load", locale.getpreferredencoding(False))
+
+
 def _fast_exit() -> None:
     """Last atexit hook of the stub: skip CPython's module teardown, which takes seconds with torch loaded
     (measured 2–9 s per stub here) and made every server stop run into --exit-timeout-secs. It runs after
@@ -64,6 +83,7 @@ class _Base:
 
     def initialize(self, args: dict[str, str]) -> None:
         _setup_logging()
+        _utf8_locale()
         if not _EXIT_HOOKED:
             atexit.register(_fast_exit)  # registered after torch's hooks → runs first
             _EXIT_HOOKED.append(True)
@@ -230,6 +250,7 @@ class DsparkModel(_Base):
                 self.batcher.submit(self._job(r, sink))
             except Exception as exc:  # noqa: BLE001
                 self.metrics.inc("dspark_errors_total")
+                self.metrics.flush()
                 sink.error(str(exc)) if isinstance(exc, DsparkError) else sink.sender.send(
                     self._error(exc), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None

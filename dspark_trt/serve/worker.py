@@ -35,6 +35,7 @@ from dspark_trt.spec_decode.stats import TimedBackend
 
 log = logging.getLogger(__name__)
 
+CANCEL_POLL_S = 0.1  # how often the loop asks Triton whether its requests were cancelled
 FAULT_ENV = "DSPARK_SERVE_FAULTS"  # "draft" / "verify": every such pass raises; "draft:N": the first N do (tests)
 
 
@@ -134,6 +135,7 @@ class InflightBatcher:
         self._jobs: dict[int, Job] = {}
         self._cond = threading.Condition()
         self._stopping = False
+        self._last_cancel_poll = 0.0
         self._thread = threading.Thread(target=self._run, name="dspark-rounds", daemon=True)
 
     def start(self) -> "InflightBatcher":
@@ -171,6 +173,10 @@ class InflightBatcher:
     def _run(self) -> None:
         while True:
             with self._cond:
+                idle = not (self._incoming or self._jobs or self._stops)
+            if idle:
+                self.metrics.flush()  # (outside the lock: submit() must not wait on it) Triton's metrics now exact
+            with self._cond:
                 while not self._stopping and not self._incoming and not self._jobs and not self._stops:
                     self._cond.wait()
                 if self._stopping:
@@ -184,9 +190,10 @@ class InflightBatcher:
                     self._admit(job)
                 for key, sink in stops:
                     self._stop_job(key, sink)
-                self._drop_cancelled()
+                self._drop_cancelled(force=bool(incoming or stops))
                 if self._jobs:
                     self._round()
+                self.metrics.flush_if_due()
             except Exception as exc:  # noqa: BLE001 - a failed round must not kill the loop (or the server)
                 self._fail_all(exc)
 
@@ -224,6 +231,7 @@ class InflightBatcher:
             self.scheduler.cancel(rid)  # frees the KV slot
             self.metrics.inc("dspark_cancelled_total")
             self.metrics.set("dspark_active_requests", self.scheduler.active)
+            self.metrics.flush()
             log.info("request %d (id %s) stopped after %d tokens; KV slot freed", rid, key, len(job.tokens))
             stats = _stats_payload(job, None) if job.params.return_stats else None
             if stats is not None:
@@ -233,15 +241,22 @@ class InflightBatcher:
                           True, stats)
         sink.send([], [], True, None)
 
-    def _drop_cancelled(self) -> None:
+    def _drop_cancelled(self, force: bool = False) -> None:
+        """Free the slots of requests whose client cancelled. sender.is_cancelled() is a round trip to the server
+        per request, so it is asked every CANCEL_POLL_S (and whenever requests came or went), not every round."""
+        now = time.monotonic()
+        if not self._jobs or (not force and now - self._last_cancel_poll < CANCEL_POLL_S):
+            return
+        self._last_cancel_poll = now
         for rid, job in list(self._jobs.items()):
             if job.sink.is_cancelled():
                 self.scheduler.cancel(rid)  # frees the request's KV slot (target and drafter)
                 del self._jobs[rid]
                 self.metrics.inc("dspark_cancelled_total")
+                self.metrics.set("dspark_active_requests", self.scheduler.active)
+                self.metrics.flush()
                 job.sink.error("request cancelled by the client")
                 log.info("request %d cancelled by the client after %d tokens; KV slot freed", rid, len(job.tokens))
-                self.metrics.set("dspark_active_requests", self.scheduler.active)
 
     def _round(self) -> None:
         depth = self.scheduler.pending
@@ -250,12 +265,11 @@ class InflightBatcher:
             log.warning("queue depth %d %s MAX_QUEUE %d: speculation %s", depth, ">" if not speculate else "≤",
                         self.max_queue, "off" if not speculate else "back on")
         self.scheduler.speculate = speculate
-        self.metrics.set("dspark_queue_depth", depth)
         events = self.scheduler.step()
-        self.metrics.set("dspark_active_requests", self.scheduler.active)
         batch = len(events)
         ks: list[int] = []
-        accepted = committed = prefilled = prefill_tokens = 0
+        accepted = committed = prefilled = prefill_tokens = finished = 0
+        ready: list[tuple[Job, RoundEvent]] = []
         for ev in events:
             job = self._jobs.get(ev.request_id)
             if job is None:
@@ -272,11 +286,19 @@ class InflightBatcher:
             if len(ev.new_tokens) > round_tokens:  # the prefill's first token
                 prefilled += 1
                 prefill_tokens += len(ev.new_tokens) - round_tokens
-            self._deliver(job, ev)
+            finished += int(ev.finished)
+            ready.append((job, ev))
+        self.metrics.set("dspark_queue_depth", depth)
+        self.metrics.set("dspark_active_requests", self.scheduler.active)
         if ks:
             self.metrics.round_done(len(ks), ks, accepted, committed, speculate)
         if prefilled:
             self.metrics.prefill_done(prefilled, prefill_tokens)
+        if finished:
+            self.metrics.inc("dspark_requests_total", finished)
+            self.metrics.flush()  # before the final responses: a client holding its answer reads current metrics
+        for job, ev in ready:
+            self._deliver(job, ev)
 
     def _deliver(self, job: Job, ev: RoundEvent) -> None:
         try:
@@ -292,7 +314,6 @@ class InflightBatcher:
         job.tokens.extend(ev.new_tokens)
         if ev.finished:
             self._jobs.pop(job.rid, None)
-            self.metrics.inc("dspark_requests_total")
             stats = _stats_payload(job, ev) if job.params.return_stats else None
             if job.params.stream:
                 job.sink.send(job.tokens[job.sent:], job.tokens[max(0, job.sent - CONTEXT_TOKENS):job.sent], True,
