@@ -36,6 +36,13 @@ class KVCache:
     def device(self) -> torch.device:
         return self.k.device
 
+    def layer_views(self) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        """Per-layer views (k[i], v[i]) [S, Hkv, seq_alloc, D], made once per storage tensor."""
+        views = self.__dict__.get("_views")
+        if views is None or views[0] is not self.k or views[1] is not self.v:
+            views = self.__dict__["_views"] = (self.k, self.v, self.k.unbind(0), self.v.unbind(0))
+        return views[2], views[3]
+
     def _slots(self, slots: torch.Tensor | Sequence[int] | int) -> torch.Tensor:
         s = torch.as_tensor(slots, dtype=torch.long, device=self.lengths.device).reshape(-1)  # [B]
         if s.numel() and (int(s.min()) < 0 or int(s.max()) >= self.max_batch):

@@ -262,7 +262,9 @@ class CausalLM(nn.Module):
         if logits not in ("all", "last", "none"):
             raise InvalidArgumentError(f"logits must be 'all', 'last' or 'none', got {logits!r}.")
         if self._native_ok(input_ids, cache):
-            return self._forward_native(input_ids, cache, slots, taps, logits, last_index, lengths)
+            from dspark_trt.runtime.native_forward import forward_native
+
+            return forward_native(self, input_ids, cache, slots, taps, logits, last_index, lengths)
         step = _Step(self, cache, slots, T, lengths)
         H, Hkv, D = self._H, self._Hkv, self._D
         qk_size = (H + Hkv) * D
@@ -306,68 +308,15 @@ class CausalLM(nn.Module):
         out = self.lm_head(self.final_norm(x)).float()  # [B, T | 1, V]
         return ModelOutput(out, hidden)
 
-    # ----------------------------------------------------------------- native path (runtime.native kernels)
+    # ----------------------------------------------------------------- native path (runtime.native_forward)
+    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 - nn.Module signature
+        self.__dict__.pop("_native_plan", None)  # tensors are replaced: rebind the native plan
+        return super()._apply(fn, recurse)
+
     def _native_ok(self, input_ids: torch.Tensor, cache: KVCache) -> bool:
         k = cache.k
         return (ops.use_native(k) and self.dtype in (torch.bfloat16, torch.float32) and k.dtype == self.dtype
                 and self._D % 16 == 0 and self.config.hidden_size % 2 == 0)
-
-    def _lin(self, module: nn.Module, x: torch.Tensor, residual: torch.Tensor | None = None,
-             norm: torch.Tensor | None = None, swiglu: bool = False, out_f32: bool = False) -> torch.Tensor:
-        """One projection of the native path: x [M, in] → [M, out] with the fused epilogues (see native.linear).
-        Modules without a native spec run their own forward with the same epilogues in torch."""
-        from dspark_trt.runtime import native
-
-        eps = self.config.rms_norm_eps
-        spec_fn = getattr(module, "native_spec", None)
-        spec = spec_fn(x.dtype) if spec_fn is not None else None
-        if spec is not None:
-            return native.linear(x, **spec, residual=residual, norm=norm, eps=eps, swiglu=swiglu, out_f32=out_f32)
-        h = rms_norm(x, norm, eps) if norm is not None else x
-        y = module(h)  # [M, out]
-        if swiglu:
-            half = y.shape[-1] // 2
-            y = y[:, :half] * F.silu(y[:, half:])
-        if residual is not None:
-            y = residual + y
-        return y.float() if out_f32 else y
-
-    def _forward_native(self, input_ids: torch.Tensor, cache: KVCache, slots: torch.Tensor, taps: Sequence[int],
-                        logits: str, last_index: torch.Tensor | None, lengths: list[int]) -> ModelOutput:
-        """forward on the native kernels: per-query attention, fused norm / RoPE / SwiGLU / residual epilogues."""
-        from dspark_trt.runtime import native
-
-        B, T = input_ids.shape
-        start = cache.check_room(slots, T)  # [B]
-        H, Hkv = self._H, self._Hkv
-        pos = (start[:, None] + torch.arange(T)).reshape(-1)  # [B·T]
-        cos, sin = self.rope_tables(int(start.max()) + T)
-        lens = torch.tensor(lengths, dtype=torch.long)  # [B]
-        window = self.config.sliding_window
-        tapset = set(taps)
-        tapped: dict[int, torch.Tensor] = {}
-        x = F.embedding(input_ids.reshape(-1), self.transformer.vocab_embedding.weight)  # [B·T, d]
-        for i, layer in enumerate(self.transformer.layers):
-            ck, cv = cache.k[i], cache.v[i]  # [S, Hkv, seq_alloc, D]
-            qkv = self._lin(layer.attention.qkv, x, norm=layer.input_layernorm.weight)  # [B·T, (H + 2Hkv) D]
-            q = native.rope_kv(qkv.contiguous(), cos, sin, pos, ck, cv, slots, H, Hkv)  # [B·T, H·D]
-            o = native.attend(q, ck, cv, slots, start, lens, H, window, self._scale)  # [B·T, H·D]
-            x = self._lin(layer.attention.dense, o, residual=x)  # [B·T, d]
-            a = self._lin(layer.mlp.fused_fc, x, norm=layer.post_layernorm.weight, swiglu=True)  # [B·T, I]
-            x = self._lin(layer.mlp.proj, a, residual=x)  # [B·T, d]
-            if i in tapset:
-                tapped[i] = x
-        cache.advance(slots, T)
-        hidden = torch.cat([tapped[t] for t in taps], dim=-1).view(B, T, -1) if taps else None  # [B, T, len(taps) d]
-        if logits == "none":
-            return ModelOutput(None, hidden)
-        if logits == "last":
-            rows = torch.arange(B) * T + (last_index if last_index is not None else torch.full((B,), T - 1))
-            x, n = x.index_select(0, rows), 1  # [B, d]
-        else:
-            n = T
-        out = self._lin(self.lm_head, x, norm=self.transformer.ln_f.weight, out_f32=True)  # [B·n, V] float32
-        return ModelOutput(out.view(B, n, -1), hidden)
 
     # ----------------------------------------------------------------- TRT-LLM state dicts
     def load_trtllm_state_dict(self, state: Mapping[str, torch.Tensor], strict: bool = True,

@@ -166,6 +166,28 @@ def test_qwen2_bias_and_tied_head_batch_invariant(tiny_pair, kernels: str, dname
         _assert_same(_alone(model, r, stepwise=True), together[i], f"request {i}")
 
 
+QUANTS = ["W8A16", "W8A8_SQ_PER_CHANNEL", "FP8"]
+_QMODELS: dict[tuple[str, str], CausalLM] = {}
+
+
+@pytest.mark.parametrize("algo", QUANTS)
+@pytest.mark.parametrize("dname", list(DTYPES))
+@settings(max_examples=6, deadline=None, derandomize=True, phases=NO_SHRINK, suppress_health_check=HEALTH)
+@given(data=st.data())
+def test_quantized_batch_invariant(tiny_pair, kernels: str, dname: str, algo: str, data) -> None:  # noqa: ANN001
+    """W8A16, INT8-SQ and FP8 projections (round-to-nearest quantized tiny target) keep the property."""
+    from dspark_trt.runtime.quant_linear import rtn_quantize
+
+    key = (dname, algo)
+    if key not in _QMODELS:
+        _QMODELS[key] = rtn_quantize(_model(tiny_pair.target, dname), algo)
+    model = _QMODELS[key]
+    reqs = data.draw(requests(model.config.vocab_size, max_n=8, max_prompt=40, rounds=1))
+    together = _together(model, reqs, seed=3)
+    for i, r in enumerate(reqs):
+        _assert_same(_alone(model, r, stepwise=True), together[i], f"{algo} request {i}")
+
+
 def test_long_prompt_alone_vs_batched_with_short_ones(tiny_pair, kernels: str) -> None:
     """A 100-token prompt (the long-prompt attention path) beside 1..40-token prompts, in both dtypes."""
     for dname in DTYPES:

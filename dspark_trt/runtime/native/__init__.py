@@ -83,6 +83,14 @@ def _ext() -> ModuleType | None:
     return _state["ext"]
 
 
+def ext() -> ModuleType:
+    """The built extension (raises RuntimeError when the native kernels are unavailable)."""
+    e = _ext()
+    if e is None:
+        raise RuntimeError(f"native kernels unavailable: {_state['reason']}")
+    return e
+
+
 def available() -> bool:
     """True when the native kernels are built (building them on the first call)."""
     return _ext() is not None
