@@ -1,4 +1,7 @@
-"""Stage 5, model repository: fill the Triton templates of dspark_trt/model_repo/ into build/NAME/model_repo.
+"""Stage 5, model repository: fill the Triton templates of dspark_trt/model_repo/ into build/NAME/model_repo and,
+for GPU hosts (`--serving trtllm|both`), dspark_trt/model_repo/ overlaid with dspark_trt/model_repo_trtllm/ into
+build/NAME/model_repo_trtllm (ensemble, preprocessing, postprocessing and the dspark config from model_repo/;
+target/draft tensorrtllm configs and the dspark adapter from the overlay; docs/gpu.md).
 
 Owns the `${KEY}` substitution (keys per docs/CONTRACTS.md: BUILD_DIR, MAX_BATCH_SIZE, GAMMA, POLICY, MIN_K,
 MAX_K, MAX_SEQ_LEN, MAX_QUEUE) over every config.pbtxt; other files are copied verbatim. An unknown key,
@@ -10,6 +13,7 @@ import logging
 import re
 import shutil
 from pathlib import Path
+from typing import Callable, Sequence
 
 from dspark_trt.builder.options import BuildOptions
 from dspark_trt.errors import BuildError
@@ -19,6 +23,9 @@ log = logging.getLogger(__name__)
 TEMPLATE_KEYS: tuple[str, ...] = ("BUILD_DIR", "MAX_BATCH_SIZE", "GAMMA", "POLICY", "MIN_K", "MAX_K", "MAX_SEQ_LEN",
                                   "MAX_QUEUE")
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "model_repo"  # package data: dspark_trt/model_repo/
+TRTLLM_TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "model_repo_trtllm"  # package data: the GPU-host overlay
+REFERENCE_REPO, TRTLLM_REPO = "model_repo", "model_repo_trtllm"
+TRTLLM_BASE_MODELS: tuple[str, ...] = ("ensemble", "preprocessing", "postprocessing", "dspark")  # from model_repo/
 _KEY = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 FILLED_SUFFIXES = (".pbtxt",)
 
@@ -53,20 +60,43 @@ def fill_text(text: str, values: dict[str, str], where: str) -> str:
     return out
 
 
-def fill_model_repo(opts: BuildOptions, build_dir: Path, template: Path = TEMPLATE_DIR) -> dict[str, object]:
-    """Copy + fill template → build_dir/model_repo (replaced atomically); returns manifest facts."""
-    if not template.is_dir():
-        raise BuildError(f"The model repository templates are missing at {template}; reinstall dspark_trt "
-                         f"(the templates ship as package data in dspark_trt/model_repo/).")
+def template_hashes(hash_file: Callable[[Path], str]) -> dict[str, str]:
+    """{"model_repo/REL" | "model_repo_trtllm/REL": hash} of every template file (the model_repo stage's key)."""
+    return {f"{root.name}/{p.relative_to(root)}": hash_file(p) for root in (TEMPLATE_DIR, TRTLLM_TEMPLATE_DIR)
+            for p in template_files(root) if p.is_file()}
+
+
+def _sources(template: Path, overlay: Path | None, base_models: Sequence[str] | None,
+             drop: Sequence[str]) -> dict[Path, Path]:
+    """{relative path: source} of one repository: template files (only base_models' top-level dirs when given),
+    then overlay files replacing or adding; models named in drop left out."""
+    out: dict[Path, Path] = {}
+    for root, models in ((template, base_models), (overlay, None)):
+        if root is None:
+            continue
+        if not root.is_dir():
+            raise BuildError(f"The model repository templates are missing at {root}; reinstall dspark_trt "
+                             f"(the templates ship as package data in dspark_trt/{root.name}/).")
+        for src in template_files(root):
+            rel = src.relative_to(root)
+            if (models is None or rel.parts[0] in models) and rel.parts[0] not in drop:
+                out[rel] = src
+    return dict(sorted(out.items()))
+
+
+def fill_model_repo(opts: BuildOptions, build_dir: Path, template: Path = TEMPLATE_DIR, *, dest_name: str = REFERENCE_REPO,
+                    overlay: Path | None = None, base_models: Sequence[str] | None = None,
+                    drop: Sequence[str] = ()) -> dict[str, object]:
+    """Copy + fill template (+ overlay) → build_dir/dest_name (replaced atomically); returns manifest facts."""
+    sources = _sources(template, overlay, base_models, drop)
     values = template_values(opts, build_dir)
-    dest = Path(build_dir) / "model_repo"
-    tmp = Path(build_dir) / ".model_repo.tmp"
+    dest = Path(build_dir) / dest_name
+    tmp = Path(build_dir) / f".{dest_name}.tmp"
     if tmp.exists():
         shutil.rmtree(tmp)
     filled: list[str] = []
     try:
-        for src in template_files(template):
-            rel = src.relative_to(template)
+        for rel, src in sources.items():
             dst = tmp / rel
             if src.is_dir():
                 dst.mkdir(parents=True, exist_ok=True)
@@ -84,4 +114,11 @@ def fill_model_repo(opts: BuildOptions, build_dir: Path, template: Path = TEMPLA
         shutil.rmtree(dest)
     tmp.rename(dest)
     log.info("model repository written to %s (%d templates filled)", dest, len(filled))
-    return {"path": "model_repo", "filled": filled, "values": values}
+    return {"path": dest_name, "filled": filled, "values": values}
+
+
+def fill_trtllm_repo(opts: BuildOptions, build_dir: Path, draft_engine: bool = True) -> dict[str, object]:
+    """build_dir/model_repo_trtllm: model_repo/'s ensemble, preprocessing, postprocessing and dspark config with
+    model_repo_trtllm/'s target + draft (tensorrtllm) and dspark adapter; no `draft` without a draft engine."""
+    return fill_model_repo(opts, build_dir, TEMPLATE_DIR, dest_name=TRTLLM_REPO, overlay=TRTLLM_TEMPLATE_DIR,
+                           base_models=TRTLLM_BASE_MODELS, drop=() if draft_engine else ("draft",))

@@ -15,6 +15,9 @@ from dspark_trt.spec_decode.policies import POLICIES, resolve_policy_alias  # to
 DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32")
 QUANT_MODES: tuple[str, ...] = ("none", "fp8", "int8_sq", "w8a16")
 KV_QUANT_MODES: tuple[str, ...] = ("none", "fp8")
+# Which Triton model repositories the build writes: model_repo/ (the reference runtime serves everything),
+# model_repo_trtllm/ (GPU host: target/draft as tensorrtllm in-flight-batching models over the engines), or both.
+SERVING_MODES: tuple[str, ...] = ("reference", "trtllm", "both")
 
 # Our --quant name → TensorRT-LLM 1.2.1 QuantAlgo name written into checkpoint config.json.
 QUANT_ALGO: dict[str, str | None] = {"none": None, "fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "w8a16": "W8A16"}
@@ -44,6 +47,7 @@ class BuildOptions:
     max_queue: int = 64
     build_engines: bool = True  # try TensorRT-LLM when present; never required
     bench: bool = True  # measure the exported target's decode speed in the verify stage (informational)
+    serving: str = "reference"  # one of SERVING_MODES (docs/gpu.md)
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> InvalidArgumentError:
@@ -55,6 +59,8 @@ class BuildOptions:
             raise bad("quant", f"{self.quant!r} is not one of {', '.join(QUANT_MODES)}")
         if self.kv_quant not in KV_QUANT_MODES:
             raise bad("kv_quant", f"{self.kv_quant!r} is not one of {', '.join(KV_QUANT_MODES)}")
+        if self.serving not in SERVING_MODES:
+            raise bad("serving", f"{self.serving!r} is not one of {', '.join(SERVING_MODES)}")
         object.__setattr__(self, "policy", resolve_policy_alias(self.policy))
         if self.policy not in POLICIES:
             raise bad("policy", f"{self.policy!r} is not one of {', '.join(POLICIES)}")
@@ -84,6 +90,14 @@ class BuildOptions:
     def max_input_len(self) -> int:
         """Prompt budget handed to trtllm-build: the sequence budget minus one block (≥ 1)."""
         return max(1, self.max_seq_len - self.max_draft_len - 1)
+
+    @property
+    def serves_reference(self) -> bool:
+        return self.serving in ("reference", "both")
+
+    @property
+    def serves_trtllm(self) -> bool:
+        return self.serving in ("trtllm", "both")
 
     @property
     def quant_algo(self) -> str | None:

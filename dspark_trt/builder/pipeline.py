@@ -2,10 +2,10 @@
 
 Stages: validate → quantize (ModelOpt, in memory) → export (TRT-LLM checkpoints + tokenizer) → verify
 (the reference runtime runs the exported files: quality vs the unquantized Hugging Face model, decode
-speed) → engines (trtllm.py) → model_repo. quantize+export are skipped together when the export key
-(hash of input checkpoint files, calibration text and every flag that shapes the checkpoint) matches the
-manifest and the outputs exist; later stages chain their keys on the earlier ones. Must not import
-tensorrt_llm (only trtllm.py does).
+speed) → engines (trtllm.py) → model_repo (model_repo/ and/or model_repo_trtllm/ per --serving).
+quantize+export are skipped together when the export key (hash of input checkpoint files, calibration text
+and every flag that shapes the checkpoint) matches the manifest and the outputs exist; later stages chain
+their keys on the earlier ones. Must not import tensorrt_llm (only trtllm.py does).
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from dspark_trt.builder import calib as calib_mod
 from dspark_trt.builder.manifest import Manifest, StageRecord, hash_dir, hash_file, hash_json, package_versions
 from dspark_trt.builder.options import BuildOptions
 from dspark_trt.builder.validate import ValidatedPair, validate
+from dspark_trt.errors import BuildError
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ class BuildPipeline:
         inputs = {"target": {"path": str(pair.target), "files": hash_dir(pair.target)},
                   "draft": {"path": str(pair.draft), "kind": pair.draft_kind, "files": hash_dir(pair.draft)}}
         st.step(1)
+        check_serving(opts, pair.draft_kind)
         self.manifest.set("options", opts.to_dict())
         self.manifest.set("inputs", inputs)
         self.manifest.set("packages", package_versions())
@@ -102,14 +104,13 @@ class BuildPipeline:
             "max_draft_len", "max_batch_size", "max_seq_len", "build_engines")}})
         if not self._skip("engines", engines_key):
             self._engines(pair, engines_key)
-        from dspark_trt.builder.model_repo import TEMPLATE_DIR, fill_model_repo, template_files, template_values
+        from dspark_trt.builder.model_repo import template_hashes, template_values
 
-        repo_key = hash_json({"templates": {str(p.relative_to(TEMPLATE_DIR)): hash_file(p) for p in template_files()
-                                            if p.is_file()}, "values": template_values(opts, self.out)})
+        repo_key = hash_json({"templates": template_hashes(hash_file), "values": template_values(opts, self.out),
+                              "serving": opts.serving, "draft_kind": pair.draft_kind})
         if not self._skip("model_repo", repo_key):
             st = _Stage("model_repo", 1, self.quiet)
-            facts = fill_model_repo(opts, self.out)
-            facts["paths"] = ["model_repo"]
+            facts = self._model_repos(pair)
             st.step(1)
             self._record("model_repo", repo_key, facts, st.close())
         self.manifest.set("total_seconds", round(time.perf_counter() - t0, 3))
@@ -227,6 +228,23 @@ class BuildPipeline:
         facts = verify_build(self.out, self.opts, pair, progress=lambda note: st.step(1, note))
         self._record("verify", key, facts, st.close())
 
+    def _model_repos(self, pair: ValidatedPair) -> dict[str, Any]:
+        """model_repo/ and/or model_repo_trtllm/ per --serving; manifest facts (values, paths, each repo's files)."""
+        from dspark_trt.builder.model_repo import fill_model_repo, fill_trtllm_repo
+
+        opts = self.opts
+        repos: dict[str, Any] = {}
+        if opts.serves_reference:
+            repos["model_repo"] = fill_model_repo(opts, self.out)
+        if opts.serves_trtllm and pair.draft_kind != "dspark":
+            repos["model_repo_trtllm"] = fill_trtllm_repo(opts, self.out, draft_engine=True)
+        facts: dict[str, Any] = dict(repos.get("model_repo") or next(iter(repos.values())))
+        facts.update(serving=opts.serving, paths=list(repos), repositories={k: v["filled"] for k, v in repos.items()})
+        if opts.serves_trtllm and pair.draft_kind == "dspark":
+            facts["model_repo_trtllm"] = TRTLLM_DSPARK_SKIPPED
+            log.warning("model_repo_trtllm not written: %s", TRTLLM_DSPARK_SKIPPED)
+        return facts
+
     def _engines(self, pair: ValidatedPair, key: str) -> None:
         from dspark_trt.builder import trtllm
 
@@ -242,6 +260,19 @@ class BuildPipeline:
         facts["paths"] = ["engines"]
         st.step(1, "built" if facts.get("built") else "plan only")
         self._record("engines", key, facts, st.close())
+
+
+TRTLLM_DSPARK_SKIPPED = ("the DSpark drafter needs the target's hidden states, which stock TensorRT-LLM engines do not "
+                         "return; DSpark builds are served by model_repo/ (reference runtime, on CUDA on a GPU host). "
+                         "See docs/gpu.md")
+
+
+def check_serving(opts: BuildOptions, draft_kind: str) -> None:
+    """--serving trtllm needs a drafter TensorRT-LLM can build (an LM / PARD checkpoint); BuildError otherwise."""
+    if opts.serving == "trtllm" and draft_kind == "dspark":
+        raise BuildError(f"--serving trtllm cannot serve this build: {TRTLLM_DSPARK_SKIPPED}. Fix: use --serving "
+                         "reference (or both, which writes model_repo/ and says why model_repo_trtllm/ is absent), "
+                         "or pass an LM / PARD --draft checkpoint.")
 
 
 def run_build(opts: BuildOptions, quiet: bool = False, on_done: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:

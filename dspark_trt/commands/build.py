@@ -10,7 +10,7 @@ import dataclasses
 import json
 import logging
 
-from dspark_trt.builder.options import DTYPES, KV_QUANT_MODES, POLICIES, QUANT_MODES, BuildOptions
+from dspark_trt.builder.options import DTYPES, KV_QUANT_MODES, POLICIES, QUANT_MODES, SERVING_MODES, BuildOptions
 from dspark_trt.spec_decode.policies import resolve_policy_alias
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-k", dest="max_k", type=int, default=_D.max_k, metavar="N", help="0 = γ (default %(default)s)")
     p.add_argument("--max-queue", dest="max_queue", type=int, default=_D.max_queue, metavar="N",
                    help="server queue bound (default %(default)s)")
+    p.add_argument("--serving", default=_D.serving, choices=SERVING_MODES,
+                   help="model repositories to write: reference = model_repo/ (reference runtime), trtllm = "
+                        "model_repo_trtllm/ (GPU host: TensorRT-LLM engines behind Triton's in-flight batcher, "
+                        "LM/PARD drafters), both (default %(default)s; docs/gpu.md)")
     p.add_argument("--no-engines", dest="build_engines", action="store_false",
                    help="never try TensorRT-LLM; only write engines/build_engines.sh")
     p.add_argument("--no-bench", dest="bench", action="store_false",
@@ -71,6 +75,11 @@ def _summary(m: dict) -> str:
     if t:
         lines.append(f"  target (exported, reference runtime): greedy agreement {t.get('greedy_agreement')}, ppl "
                      f"{t.get('ppl_quantized')} vs {t.get('ppl_reference')} unquantized, {t.get('decode_tok_per_s')} tok/s")
+    r = (st.get("model_repo") or {}).get("outputs", {})
+    if r.get("paths"):
+        lines.append(f"  model repositories: {', '.join(r['paths'])}")
+    if r.get("model_repo_trtllm"):
+        lines.append(f"  model_repo_trtllm not written: {r['model_repo_trtllm']}")
     e = (st.get("engines") or {}).get("outputs", {})
     if e and not e.get("built"):
         lines.append(f"  engines NOT built: {e.get('reason')}; see engines/build_engines.sh")

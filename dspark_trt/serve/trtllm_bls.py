@@ -1,0 +1,187 @@
+"""The BLS side of the GPU-host repository (model_repo_trtllm/): EngineCalls as tensorrtllm requests, and the
+`dspark` model that runs serve.trtllm_rounds.TrtllmRoundScheduler inside serve.worker.InflightBatcher.
+
+Owns: the tensor names / dtypes / shapes of the requests we send to a `tensorrtllm` model and the outputs we read
+(TensorRT-LLM 1.2.x triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt; checked by
+tests/builder/test_trtllm_serving_contract.py), PbEngineClient (one pb_utils.InferenceRequest per EngineCall, all
+of a fan-out issued at once with async_exec so Triton's dynamic batcher hands them to the in-flight batcher
+together) and TrtllmDsparkModel (model_repo_trtllm/dspark/1/model.py's class: validation, streaming, stop and
+cancellation as the reference `dspark` model, the rounds driven over the engines). Loads no model weights: the
+vocabulary and eos ids come from the build's target checkpoint config.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from dspark_trt.errors import ServeError
+from dspark_trt.serve.metrics import ServeMetrics
+from dspark_trt.serve.pipeline import LoadedBackend
+from dspark_trt.serve.trtllm_rounds import EngineCall, EngineReply, TrtllmRoundScheduler
+from dspark_trt.serve.triton_models import DsparkModel
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BuildInfo", "INPUT_DTYPES", "OUTPUT_NAMES", "PbEngineClient", "TrtllmDsparkModel", "call_tensors",
+           "read_build_info", "reply_from_arrays"]
+
+# What we send: name → numpy dtype; every tensor is [1, n] (batch 1; scalars [1, 1]).
+INPUT_DTYPES: dict[str, type] = {
+    "input_ids": np.int32,  # [1, T] the committed sequence
+    "input_lengths": np.int32,  # [1, 1] T
+    "request_output_len": np.int32,  # [1, 1] tokens to return (K + 1 for a verify)
+    "draft_input_ids": np.int32,  # [1, K] external draft tokens (verify with K ≥ 1 only)
+    "exclude_input_in_output": np.bool_,  # [1, 1] True: output_ids holds only the new tokens
+    "return_generation_logits": np.bool_,  # [1, 1] the target's logits of the returned tokens
+    "temperature": np.float32,  # [1, 1] sampled requests only
+    "runtime_top_p": np.float32,  # [1, 1] sampled requests only
+    "seed": np.uint64,  # [1, 1] sampled requests with a seed only
+}
+# What we read: output_ids [1, beam=1, n] INT32, sequence_length [1, 1] INT32, generation_logits [1, 1, n, V] FP32.
+OUTPUT_NAMES: tuple[str, ...] = ("output_ids", "sequence_length", "generation_logits")
+
+
+def call_tensors(call: EngineCall) -> dict[str, np.ndarray]:
+    """EngineCall → {tensorrtllm input name: array} with the shapes and dtypes above."""
+    def scalar(name: str, value: object) -> np.ndarray:
+        return np.array([[value]], dtype=INPUT_DTYPES[name])
+
+    t = {"input_ids": np.asarray([call.input_ids], dtype=np.int32),  # [1, T]
+         "input_lengths": scalar("input_lengths", len(call.input_ids)),
+         "request_output_len": scalar("request_output_len", call.output_len),
+         "exclude_input_in_output": scalar("exclude_input_in_output", True)}
+    if call.draft_ids:
+        t["draft_input_ids"] = np.asarray([call.draft_ids], dtype=np.int32)  # [1, K]
+    if call.return_logits:
+        t["return_generation_logits"] = scalar("return_generation_logits", True)
+    if call.temperature > 0:
+        t["temperature"] = scalar("temperature", call.temperature)
+        t["runtime_top_p"] = scalar("runtime_top_p", call.top_p)
+        if call.seed is not None:
+            t["seed"] = scalar("seed", call.seed)
+    return t
+
+
+def reply_from_arrays(output_ids: np.ndarray, sequence_length: np.ndarray | None,
+                      logits: np.ndarray | None) -> EngineReply:
+    """output_ids [1, 1, n] (+ sequence_length [1, 1], generation_logits [1, 1, n, V]) → EngineReply."""
+    ids = np.asarray(output_ids).reshape(-1)  # beam 1, batch 1
+    n = len(ids) if sequence_length is None else min(len(ids), int(np.asarray(sequence_length).reshape(-1)[0]))
+    lg = None
+    if logits is not None and np.asarray(logits).size:
+        arr = np.asarray(logits, dtype=np.float32)
+        lg = arr.reshape(-1, arr.shape[-1])[:n]  # [n, V]
+    return EngineReply([int(x) for x in ids[:n]], lg)
+
+
+class PbEngineClient:
+    """EngineClient over pb_utils BLS: a fan-out's requests run concurrently (async_exec on a thread pool of
+    `concurrency` workers), so they reach the tensorrtllm model together."""
+
+    def __init__(self, pb: Any, concurrency: int) -> None:
+        self.pb = pb
+        self._pool = ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="dspark-bls")
+        self._loop = asyncio.new_event_loop()
+        self._loop.set_default_executor(self._pool)  # async_exec runs exec() in the loop's default executor
+
+    def _request(self, model: str, call: EngineCall) -> Any:
+        inputs = [self.pb.Tensor(name, arr) for name, arr in call_tensors(call).items()]
+        outputs = [n for n in OUTPUT_NAMES if n != "generation_logits" or call.return_logits]
+        return self.pb.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs,
+                                        request_id=call.request_id)
+
+    def _reply(self, model: str, resp: Any) -> EngineReply:
+        if isinstance(resp, BaseException):
+            return EngineReply([], error=f"{model}: {type(resp).__name__}: {resp}")
+        if resp.has_error():
+            return EngineReply([], error=f"{model}: {resp.error().message()}")
+
+        def out(name: str) -> np.ndarray | None:
+            t = self.pb.get_output_tensor_by_name(resp, name)
+            return None if t is None else t.as_numpy()
+
+        ids = out("output_ids")
+        if ids is None:
+            return EngineReply([], error=f"{model} returned no output_ids")
+        return reply_from_arrays(ids, out("sequence_length"), out("generation_logits"))
+
+    def generate(self, model: str, calls: Sequence[EngineCall]) -> list[EngineReply]:
+        reqs = [self._request(model, c) for c in calls]
+
+        async def fan_out() -> list[Any]:
+            return await asyncio.gather(*(r.async_exec() for r in reqs), return_exceptions=True)
+
+        return [self._reply(model, r) for r in self._loop.run_until_complete(fan_out())]
+
+    def close(self) -> None:
+        self._loop.close()
+        self._pool.shutdown(wait=False)
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    vocab_size: int
+    eos_ids: tuple[int, ...]
+    draft_kind: str  # "lm" | "dspark"
+
+
+def read_build_info(build_dir: Path) -> BuildInfo:
+    """Vocabulary, eos ids and drafter kind of a build, from its checkpoint configs (no weights loaded)."""
+    from dspark_trt.runtime.trtllm_checkpoint import model_config_from_trtllm, read_checkpoint_config  # noqa: PLC0415
+
+    tckpt, dckpt = build_dir / "target" / "checkpoint", build_dir / "draft" / "checkpoint"
+    if not (tckpt / "config.json").is_file() or not (dckpt / "config.json").is_file():
+        raise ServeError(f"{build_dir} lacks target/ or draft/ checkpoints: the build is incomplete; rerun "
+                         "`dspark-trt build --serving trtllm`")
+    mc = model_config_from_trtllm(read_checkpoint_config(tckpt))
+    arch = json.loads((dckpt / "config.json").read_text()).get("architecture")
+    return BuildInfo(int(mc.vocab_size), tuple(int(e) for e in mc.eos_token_ids),
+                     "dspark" if arch == "DSparkDrafter" else "lm")
+
+
+class TrtllmDsparkModel(DsparkModel):
+    """The decoupled scheduler of model_repo_trtllm/: as DsparkModel, but each round goes to the `draft` and
+    `target` tensorrtllm models over BLS instead of the in-process reference runtime."""
+
+    TARGET_MODEL = "target"
+    DRAFT_MODEL = "draft"
+
+    def initialize(self, args: dict[str, str]) -> None:
+        super(DsparkModel, self).initialize(args)  # the common part (config, logging), not the reference backend
+        from dspark_trt.serve.worker import InflightBatcher  # noqa: PLC0415
+        from dspark_trt.spec_decode.loop import LoopConfig  # noqa: PLC0415
+
+        info = read_build_info(self.cfg.build_dir)
+        if info.draft_kind == "dspark":
+            raise ServeError("model_repo_trtllm cannot serve a DSpark drafter (it needs the target's hidden states, "
+                             "which stock TensorRT-LLM engines do not return); serve build/NAME/model_repo instead "
+                             "(docs/gpu.md)")
+        self.loaded = LoadedBackend(None, info.vocab_size, info.eos_ids)
+        self.limits = self.cfg.limits(info.vocab_size)
+        self.metrics = ServeMetrics(self.pb, gamma=self.cfg.gamma, model=self.name)
+        self.client = PbEngineClient(self.pb, concurrency=2 * self.cfg.max_batch)
+        metrics = self.metrics
+
+        def observe(name: str, seconds: float, error: BaseException | None) -> None:
+            metrics.observe(f"dspark_{name}_latency_seconds", seconds)
+            if name == "draft" and error is not None:
+                metrics.inc("dspark_fallback_total")
+
+        sched = TrtllmRoundScheduler(self.client, LoopConfig(gamma=self.cfg.gamma), self.cfg.max_batch,
+                                     self.cfg.max_seq_len, info.vocab_size, self.TARGET_MODEL, self.DRAFT_MODEL,
+                                     observe=observe)
+        self.batcher = InflightBatcher(sched, self.metrics, max_queue=self.cfg.max_queue).start()
+        log.info("%s: rounds over tensorrtllm models %r (+ draft %r), γ %d, max batch %d", self.name,
+                 self.TARGET_MODEL, self.DRAFT_MODEL, self.cfg.gamma, self.cfg.max_batch)
+
+    def finalize(self) -> None:
+        super().finalize()
+        self.client.close()
+
