@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -37,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bundled", action="store_true",
                         help="use the nvidia-pytriton bundled tritonserver even if one is on PATH")
     parser.add_argument("--ready-timeout", type=float, default=600.0, help="seconds to wait for readiness")
+    parser.add_argument("--threads", default=None, metavar="N|auto",
+                        help="torch threads of the dspark model (default: $DSPARK_THREADS, else auto = the fastest "
+                             "of 1 / half / all CPUs, measured at startup)")
     parser.add_argument("--openai-port", type=int, default=None,
                         help="also serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions) on this "
                              "port, 0 = any free (default: off)")
@@ -63,10 +67,16 @@ def run(args: argparse.Namespace) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     frontend = None
+    env = None
+    if args.threads is not None:
+        from dspark_trt.serve.tuning import THREADS_ENV, parse_threads  # noqa: PLC0415
+
+        parse_threads(args.threads)  # a bad value fails here, not in the stub
+        env = dict(os.environ, **{THREADS_ENV: str(args.threads)})
     server = TritonServer(repo, http_port=args.http_port, grpc_port=args.grpc_port, metrics_port=args.metrics_port,
                           host=args.host, log_path=args.log_file, log_verbose=args.log_verbose,
                           ready_timeout=args.ready_timeout, prefer_system=not args.bundled,
-                          keep_logs=args.keep_logs)
+                          keep_logs=args.keep_logs, env=env)
     try:
         server.start()
         openai = ""

@@ -104,10 +104,12 @@ def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    # torch intra-op threads per stub: half the cores (1 on 2 cores). On this 2-core shared host, 2 threads made a
-    # tiny model's forward 15× slower than 1 (OpenMP threads waiting on descheduled peers); set OMP_NUM_THREADS
-    # to override on a dedicated host.
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // 2)))
+    # Threads: the light stubs (tokenizers, collectors) need none, so OpenMP starts with 1 everywhere; the `dspark`
+    # stub then sets torch's intra-op threads itself (serve.tuning: DSPARK_THREADS, else measured at startup). An
+    # OMP_NUM_THREADS the caller set is kept and, without DSPARK_THREADS, fixes the dspark stub's count as before.
+    if "OMP_NUM_THREADS" in env and "DSPARK_THREADS" not in env:
+        env["DSPARK_THREADS"] = env["OMP_NUM_THREADS"]
+    env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
 

@@ -214,7 +214,10 @@ class DsparkModel(_Base):
         super().initialize(args)
         from dspark_trt.serve.worker import faults_from_env  # noqa: PLC0415 - torch: only in this model
 
+        from dspark_trt.serve.tuning import apply_threads  # noqa: PLC0415
+
         self.loaded = load_backend(self.cfg)
+        apply_threads(self.loaded.backend)  # before the cost profile in make_batcher: it times these threads
         self.limits = self.cfg.limits(self.loaded.vocab_size)
         self.metrics = ServeMetrics(self.pb, gamma=self.cfg.gamma, model=self.name)
         self.batcher = make_batcher(self.cfg, self.loaded, self.metrics, faults_from_env())
