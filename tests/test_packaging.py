@@ -22,7 +22,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-TEMPLATE_MODELS = ("draft", "dspark", "ensemble", "postprocessing", "preprocessing", "target")
+TEMPLATE_MODELS = ("draft", "dspark", "dspark_sync", "ensemble", "ensemble_stream", "preprocessing", "target")
 
 
 def _source_files() -> list[str]:

@@ -1,6 +1,6 @@
 """Stage 5, model repository: fill the Triton templates of dspark_trt/model_repo/ into build/NAME/model_repo and,
 for GPU hosts (`--serving trtllm|both`), dspark_trt/model_repo/ overlaid with dspark_trt/model_repo_trtllm/ into
-build/NAME/model_repo_trtllm (ensemble, preprocessing, postprocessing and the dspark config from model_repo/;
+build/NAME/model_repo_trtllm (ensemble, ensemble_stream, preprocessing, dspark_sync and the dspark config from model_repo/;
 target/draft tensorrtllm configs and the dspark adapter from the overlay; docs/gpu.md).
 
 Owns the `${KEY}` substitution (keys per docs/CONTRACTS.md: BUILD_DIR, MAX_BATCH_SIZE, GAMMA, POLICY, MIN_K,
@@ -25,7 +25,8 @@ TEMPLATE_KEYS: tuple[str, ...] = ("BUILD_DIR", "MAX_BATCH_SIZE", "GAMMA", "POLIC
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "model_repo"  # package data: dspark_trt/model_repo/
 TRTLLM_TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "model_repo_trtllm"  # package data: the GPU-host overlay
 REFERENCE_REPO, TRTLLM_REPO = "model_repo", "model_repo_trtllm"
-TRTLLM_BASE_MODELS: tuple[str, ...] = ("ensemble", "preprocessing", "postprocessing", "dspark")  # from model_repo/
+TRTLLM_BASE_MODELS: tuple[str, ...] = ("ensemble", "ensemble_stream", "preprocessing", "dspark_sync",
+                                      "dspark")  # from model_repo/
 _KEY = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 FILLED_SUFFIXES = (".pbtxt",)
 
@@ -118,7 +119,7 @@ def fill_model_repo(opts: BuildOptions, build_dir: Path, template: Path = TEMPLA
 
 
 def fill_trtllm_repo(opts: BuildOptions, build_dir: Path, draft_engine: bool = True) -> dict[str, object]:
-    """build_dir/model_repo_trtllm: model_repo/'s ensemble, preprocessing, postprocessing and dspark config with
+    """build_dir/model_repo_trtllm: model_repo/'s ensembles, preprocessing, dspark_sync and dspark config with
     model_repo_trtllm/'s target + draft (tensorrtllm) and dspark adapter; no `draft` without a draft engine."""
     return fill_model_repo(opts, build_dir, TEMPLATE_DIR, dest_name=TRTLLM_REPO, overlay=TRTLLM_TEMPLATE_DIR,
                            base_models=TRTLLM_BASE_MODELS, drop=() if draft_engine else ("draft",))

@@ -88,8 +88,9 @@ def run(args: argparse.Namespace) -> int:
                                                      port=args.openai_port)).start()
             openai = f" openai={frontend.url}"
         ready.set()
-        log.info("serving %s — HTTP %s (POST /v2/models/ensemble/generate[_stream]), gRPC %s, metrics %s%s; "
-                 "Ctrl-C to stop", repo, server.http_url, server.grpc_url, server.metrics_url,
+        log.info("serving %s — HTTP %s (/v2/models/ensemble/infer|generate, "
+                 "/v2/models/ensemble_stream/generate_stream), gRPC %s (ensemble: infer; ensemble_stream: "
+                 "stream_infer), metrics %s%s; Ctrl-C to stop", repo, server.http_url, server.grpc_url, server.metrics_url,
                  f", OpenAI API {frontend.url}" if frontend is not None else "")
         sys.stdout.write(f"READY http={server.http_url} grpc={server.grpc_url} metrics={server.metrics_url}{openai}\n")
         sys.stdout.flush()

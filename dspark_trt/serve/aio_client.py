@@ -24,6 +24,7 @@ from dspark_trt.serve.client import _DTYPES, GenerationRequest, _array
 log = logging.getLogger(__name__)
 
 DSPARK_MODEL = "dspark"
+IDS_OUTPUTS = ("output_ids", "final", "stats")  # not text_output: the model then skips detokenizing
 
 
 class TritonUnavailableError(ServeError):
@@ -102,11 +103,12 @@ class DsparkAioClient:
         decoupled `dspark` model sees as a cancelled request, and also sends a `stop` request for `request_id`
         (tensorrtllm_backend's mechanism) so the request's KV slot is freed before the next round either way."""
         inputs = self._inputs(prompt_ids, replace(req, return_stats=True))
+        outputs = [self._grpc.InferRequestedOutput(n) for n in IDS_OUTPUTS]  # ids only: we detokenize
         done = asyncio.Event()
         finished = False
 
         async def requests() -> AsyncIterator[dict[str, Any]]:
-            yield {"model_name": self.model, "inputs": inputs, "request_id": request_id}
+            yield {"model_name": self.model, "inputs": inputs, "outputs": outputs, "request_id": request_id}
             await done.wait()  # keep our side of the stream open until the final response
 
         call = self._client.stream_infer(requests(), stream_timeout=self.timeout)

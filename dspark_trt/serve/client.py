@@ -1,6 +1,7 @@
-"""Client side of the served pipeline: `generate_remote` over HTTP (generate / generate_stream endpoints) or
-gRPC (decoupled streaming), returning the JSON shape of `dspark-trt generate --json`:
-{"text": str, "token_ids": [int], "stats": {...}}.
+"""Client side of the served pipeline: `generate_remote` over HTTP (the generate / generate_stream endpoints) or
+gRPC (unary infer, or a decoupled stream), returning the JSON shape of `dspark-trt generate --json`:
+{"text": str, "token_ids": [int], "stats": {...}}. Unstreamed requests go to the non-decoupled `ensemble`,
+streamed ones to the decoupled `ensemble_stream` (same tensors; docs/serving.md says why there are two).
 
 Owns the request encoding (tensorrtllm_backend tensor names + ours) and the response decoding. Errors: the
 server's error message comes back as RequestError (bad input) or ServeError (unreachable / failed server).
@@ -20,7 +21,8 @@ from dspark_trt.errors import RequestError, ServeError
 
 log = logging.getLogger(__name__)
 
-MODEL = "ensemble"
+MODEL = "ensemble"  # non-decoupled: one response (HTTP/gRPC infer, /generate)
+STREAM_MODEL = "ensemble_stream"  # decoupled: streamed responses (gRPC stream_infer, /generate_stream)
 
 
 @dataclass(frozen=True)
@@ -147,21 +149,45 @@ def _text(v: Any) -> str:
     return "" if v is None else str(v)
 
 
-def _grpc(url: str, req: GenerationRequest, model: str, timeout: float, on_text: Callable[[str], None] | None,
-          request_id: str) -> dict[str, Any]:
-    import tritonclient.grpc as grpcclient  # noqa: PLC0415
-    from tritonclient.utils import InferenceServerException  # noqa: PLC0415
-
-    client = grpcclient.InferenceServerClient(url)
+def _grpc_inputs(grpcclient: Any, req: GenerationRequest) -> list[Any]:
     inputs = []
     for name, value in req.fields().items():
         arr = _array(name, value)
         t = grpcclient.InferInput(name, list(arr.shape), _DTYPES[name])
         t.set_data_from_numpy(arr)
         inputs.append(t)
+    return inputs
+
+
+def _add_result(res: _Result, result: Any) -> None:
+    text = result.as_numpy("text_output")
+    ids = result.as_numpy("output_ids")
+    stats = result.as_numpy("stats")
+    res.add("".join(x.decode("utf-8") for x in text.reshape(-1)) if text is not None else "",
+            [] if ids is None else [int(t) for t in ids.reshape(-1)],
+            stats.reshape(-1)[0].decode("utf-8") if stats is not None and stats.size else None)
+
+
+def _grpc(url: str, req: GenerationRequest, model: str, timeout: float, on_text: Callable[[str], None] | None,
+          request_id: str) -> dict[str, Any]:
+    """Unstreamed: one unary ModelInfer; streamed: a bidirectional stream until the final response."""
+    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+    from tritonclient.utils import InferenceServerException  # noqa: PLC0415
+
+    client = grpcclient.InferenceServerClient(url)
+    inputs = _grpc_inputs(grpcclient, req)
     outputs = [grpcclient.InferRequestedOutput(n) for n in ("text_output", "output_ids", "stats")]
-    q: queue.Queue = queue.Queue()
     res = _Result(on_text)
+    if not req.stream:
+        try:
+            _add_result(res, client.infer(model, inputs, outputs=outputs, request_id=request_id,
+                                          client_timeout=timeout))
+        except InferenceServerException as exc:
+            _raise_grpc(exc, url)
+        finally:
+            client.close()
+        return res.as_dict()
+    q: queue.Queue = queue.Queue()
     try:
         client.start_stream(callback=lambda result, error: q.put((result, error)))
         client.async_stream_infer(model, inputs, outputs=outputs, request_id=request_id,
@@ -174,12 +200,7 @@ def _grpc(url: str, req: GenerationRequest, model: str, timeout: float, on_text:
             if error is not None:
                 _raise(error.message() if hasattr(error, "message") else str(error))
             final = result.get_response().parameters.get("triton_final_response")
-            text = result.as_numpy("text_output")
-            ids = result.as_numpy("output_ids")
-            stats = result.as_numpy("stats")
-            res.add("".join(x.decode("utf-8") for x in text.reshape(-1)) if text is not None else "",
-                    [] if ids is None else [int(t) for t in ids.reshape(-1)],
-                    stats.reshape(-1)[0].decode("utf-8") if stats is not None and stats.size else None)
+            _add_result(res, result)
             if final is not None and final.bool_param:
                 break
     except InferenceServerException as exc:
@@ -190,16 +211,25 @@ def _grpc(url: str, req: GenerationRequest, model: str, timeout: float, on_text:
     return res.as_dict()
 
 
+def _raise_grpc(exc: Any, url: str) -> None:
+    """A unary call's failure: the model's own error (RequestError / ServeError), or an unreachable server."""
+    status = str(exc.status() or "")
+    if "UNAVAILABLE" in status or "DEADLINE" in status:
+        raise ServeError(f"gRPC call to {url} failed: {exc.message()}; is `dspark-trt serve` running?") from exc
+    _raise(exc.message(), 500 if "INTERNAL" in status else None)
+
+
 def generate_remote(url: str, prompt: str, max_tokens: int = 64, protocol: str = "http", stream: bool = False,
                     policy: str | None = None, min_k: int | None = None, max_k: int | None = None,
                     temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
                     stop_words: tuple[str, ...] | list[str] = (), end_id: int | None = None,
-                    apply_chat_template: bool | None = None, model: str = MODEL, timeout: float = 600.0,
+                    apply_chat_template: bool | None = None, model: str | None = None, timeout: float = 600.0,
                     on_text: Callable[[str], None] | None = None, request_id: str | None = None) -> dict[str, Any]:
     """Generate through a running server's ensemble → {"text", "token_ids", "stats"}.
 
-    url is HOST:PORT (the HTTP port for protocol "http", the gRPC port for "grpc"); on_text receives each
-    streamed piece of text as it arrives; request_id (default: a fresh uuid) is what stop_remote() targets.
+    url is HOST:PORT (the HTTP port for protocol "http", the gRPC port for "grpc"); model defaults to `ensemble`
+    (one response) or, with stream, `ensemble_stream`; on_text receives each streamed piece of text as it
+    arrives; request_id (default: a fresh uuid) is what stop_remote() targets.
     """
     if protocol not in ("http", "grpc"):
         raise RequestError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
@@ -207,7 +237,8 @@ def generate_remote(url: str, prompt: str, max_tokens: int = 64, protocol: str =
                             top_p=top_p, random_seed=seed, stop_words=tuple(stop_words), end_id=end_id,
                             policy=policy, min_k=min_k, max_k=max_k, apply_chat_template=apply_chat_template)
     fn = _http if protocol == "http" else _grpc
-    return fn(url, req, model, timeout, on_text, request_id or uuid.uuid4().hex)
+    name = model or (STREAM_MODEL if stream else MODEL)
+    return fn(url, req, name, timeout, on_text, request_id or uuid.uuid4().hex)
 
 
 def stop_remote(url: str, request_id: str, protocol: str = "grpc", model: str = MODEL, timeout: float = 60.0) -> None:

@@ -6,8 +6,8 @@ becomes pb_utils.TritonError with its message; anything else is logged and answe
 and the response sender wrapper handed to the in-flight batching worker. Models:
 - PreprocessingModel: text_input (+ apply_chat_template, stop_words) → input_ids, stop_words_ids.
 - DsparkModel (decoupled): input_ids + generation inputs → the worker; responses output_ids / context_ids /
-  final / stats.
-- PostprocessingModel: output_ids + context_ids + final → text_output (incremental detokenization).
+  final / stats, and text_output (the text delta, detokenized here, in the worker thread) when it is requested —
+  the streamed path has no detokenizing model after this one (one IPC hop less per round).
 - TargetModel / DraftModel: one explicit-batch pass (max_batch_size 0) over the same backend, for scoring and
   debugging; they are the slots where TRT-LLM engines sit on a GPU host (see dspark_trt.serve.worker for why the
   round loop executes the models in process).
@@ -145,35 +145,11 @@ class PreprocessingModel(_Base):
         return out
 
 
-class PostprocessingModel(_Base):
-    """Detokenize one response's ids (delta after context_ids while streaming)."""
-
-    def initialize(self, args: dict[str, str]) -> None:
-        super().initialize(args)
-        self.tokenizer = load_tokenizer_for(self.cfg)
-
-    def execute(self, requests: list[Any]) -> list[Any]:
-        out = []
-        for r in requests:
-            try:
-                ids = [int(t) for t in np.asarray(self._get(r, "output_ids")).reshape(-1)]
-                ctx = self._get(r, "context_ids")
-                ctx_ids = [] if ctx is None else [int(t) for t in np.asarray(ctx).reshape(-1)]
-                fin = self._get(r, "final")
-                final = True if fin is None else bool(np.asarray(fin).reshape(-1)[0])
-                text = delta_text(self.tokenizer, ctx_ids, ids, final)
-                out.append(self.pb.InferenceResponse(output_tensors=[
-                    self._bytes("text_output", [text.encode("utf-8")], (1, 1))]))
-            except Exception as exc:  # noqa: BLE001
-                out.append(self._error(exc))
-        return out
-
-
 class _Sink:
     """ResponseSink over a python-backend response sender (thread-safe, at most one final response)."""
 
-    def __init__(self, model: "DsparkModel", sender: Any) -> None:
-        self.m, self.sender = model, sender
+    def __init__(self, model: "DsparkModel", sender: Any, text: bool = False) -> None:
+        self.m, self.sender, self.text = model, sender, text
         self.closed = False
         self.lock = threading.Lock()
 
@@ -183,6 +159,9 @@ class _Sink:
         tensors = [pb.Tensor("output_ids", np.asarray(list(new_ids), dtype=np.int32).reshape(1, -1)),  # [1, n]
                    pb.Tensor("context_ids", np.asarray(list(context_ids), dtype=np.int32).reshape(1, -1)),
                    pb.Tensor("final", np.array([[final]], dtype=np.bool_))]
+        if self.text:  # the delta after context_ids; a trailing partial UTF-8 character waits for the next response
+            piece = delta_text(self.m.tokenizer, list(context_ids), list(new_ids), final)
+            tensors.append(self.m._bytes("text_output", [piece.encode("utf-8")], (1, 1)))
         if final:
             payload = json.dumps(stats).encode() if stats is not None else b""
             tensors.append(self.m._bytes("stats", [payload], (1, 1)))
@@ -210,17 +189,32 @@ class _Sink:
 class DsparkModel(_Base):
     """Decoupled scheduler model: validates, then hands each request to the in-flight batching worker."""
 
+    _tokenizer: Any = None
+
     def initialize(self, args: dict[str, str]) -> None:
         super().initialize(args)
-        from dspark_trt.serve.worker import faults_from_env  # noqa: PLC0415 - torch: only in this model
-
-        from dspark_trt.serve.tuning import apply_threads  # noqa: PLC0415
+        from dspark_trt.serve.tuning import apply_threads  # noqa: PLC0415 - torch: only in this model
+        from dspark_trt.serve.worker import faults_from_env  # noqa: PLC0415
 
         self.loaded = load_backend(self.cfg)
+        self._tokenizer = load_tokenizer_for(self.cfg)
         apply_threads(self.loaded.backend)  # before the cost profile in make_batcher: it times these threads
         self.limits = self.cfg.limits(self.loaded.vocab_size)
         self.metrics = ServeMetrics(self.pb, gamma=self.cfg.gamma, model=self.name)
         self.batcher = make_batcher(self.cfg, self.loaded, self.metrics, faults_from_env())
+
+    @property
+    def tokenizer(self) -> Any:
+        """The build's tokenizer (for text_output); loaded on first use where initialize did not load it."""
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer_for(self.cfg)
+        return self._tokenizer
+
+    def _wants_text(self, request: Any) -> bool:
+        try:
+            return "text_output" in set(request.requested_output_names())
+        except AttributeError:  # an older python backend: always answer text
+            return True
 
     def _job(self, request: Any, sink: _Sink) -> Any:  # dspark_trt.serve.worker.Job
         ids = self._get(request, "input_ids")
@@ -244,7 +238,7 @@ class DsparkModel(_Base):
 
     def execute(self, requests: list[Any]) -> None:
         for r in requests:
-            sink = _Sink(self, r.get_response_sender())
+            sink = _Sink(self, r.get_response_sender(), text=self._wants_text(r))
             try:
                 stop = single({"stop": self._get(r, "stop")}, "stop")
                 if stop is not None and bool(stop):
