@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from dspark_trt.errors import DrafterError
 from dspark_trt.runtime import dispatch
 from dspark_trt.runtime.drafters.config import DSparkConfig
-from dspark_trt.runtime.drafters.layers import DSparkLayer, RMSNorm
+from dspark_trt.runtime.drafters.layers import DSparkLayer, RMSNorm, native_product
 from dspark_trt.spec_decode.protocols import DraftBlock, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -89,11 +89,14 @@ class DSparkModel(nn.Module):
     # -- pieces --
     def context(self, features: torch.Tensor) -> torch.Tensor:
         """features [B, T, F] → ctx [B, T, d]."""
-        return self.ctx_norm(self.fc(features.to(self.param_dtype)))
+        f = features.to(self.param_dtype)
+        y = native_product(f, self.fc.weight) if self.fc.bias is None else None
+        return self.ctx_norm(self.fc(f) if y is None else y)
 
     def context_kv(self, ctx: torch.Tensor, pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """ctx [B, C, d], pos [B, C] → per layer (k, v) [B, Hkv, C, hd]."""
-        return [layer.context_kv(ctx, pos) for layer in self.layers]
+        rope = self.layers[0].rope(pos, ctx.dtype)  # every layer has the same head_dim and theta
+        return [layer.context_kv(ctx, pos, rope) for layer in self.layers]
 
     def block_input(self, anchors: torch.Tensor, gamma: int) -> torch.Tensor:
         """anchors [...] long → [..., γ, d] = [embed(anchor), MASK×(γ−1)]."""
@@ -105,14 +108,16 @@ class DSparkModel(nn.Module):
     def backbone(self, h: torch.Tensor, pos: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]],
                  mask: torch.Tensor) -> torch.Tensor:
         """h [B, Q, d], pos [B, Q], kv per layer [B, Hkv, C, hd], mask [B, Q, C+Q] → final-normed [B, Q, d]."""
+        rope = self.layers[0].rope(pos, h.dtype)  # every layer has the same head_dim and theta
         for layer, (k, v) in zip(self.layers, kv):
-            h = layer(h, pos, k, v, mask)
+            h = layer(h, pos, k, v, mask, rope)
         return self.norm(h)
 
     def base_logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [..., d] → U [..., Vd] (float32)."""
         _, head = self._need_target()
-        return (h @ head.to(h.dtype).t()).float()
+        u = native_product(h, head, out_f32=True) if head.dtype == h.dtype else None  # packed once per head tensor
+        return (h @ head.to(h.dtype).t()).float() if u is None else u
 
     def markov_embed(self, prev: torch.Tensor) -> torch.Tensor | None:
         """prev [...] target ids → W1[prev] [..., r] (None without a Markov head)."""
@@ -243,7 +248,7 @@ class DSparkDrafter:
         pos_d1 = lens + 1 if positions is None else torch.as_tensor(positions).to(dev)  # [B]
         B, C = len(s), max(1, int(lens.max()))
         idx = torch.tensor(s, device=dev)
-        kv = [(k.index_select(0, idx)[:, :, :C], v.index_select(0, idx)[:, :, :C]) for k, v in zip(self._k, self._v)]
+        kv = [(k[:, :, :C].index_select(0, idx), v[:, :, :C].index_select(0, idx)) for k, v in zip(self._k, self._v)]
         mask = torch.cat([(torch.arange(C, device=dev)[None, :] < lens[:, None])[:, None, :].expand(B, G, C),
                           torch.ones(B, G, G, dtype=torch.bool, device=dev)], dim=-1)  # [B, G, C+G]
         pos = lens[:, None] + torch.arange(G, device=dev)  # [B, G]

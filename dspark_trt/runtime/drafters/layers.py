@@ -2,13 +2,46 @@
 attention keys/values are [Wk·ctx; Wk·h] (target context features, then the block's own hidden states).
 
 Owns the attention arithmetic only; masks are built by the caller (dspark.py): a boolean mask
-[B, Q, C+Q] where True = may attend. Knows nothing about caches, slots or training.
+[B, Q, C+Q] where True = may attend. Without autograd on the CPU (inference: propose / extend_context) the
+projections run on runtime.native's row-invariant kernels (`native_product`; q|k|v and up|gate fused, residual and
+SwiGLU in the epilogue) — the same math as the nn.Linear path training uses, rounded by another kernel. Knows
+nothing about caches, slots or training.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+def native_product(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None, swiglu: bool = False,
+                   out_f32: bool = False) -> torch.Tensor | None:
+    """x [..., in] · wᵀ [..., out] on the native kernels (swiglu: first half · SiLU(second half); + residual; fp32
+    output), or None when they do not apply (autograd on, another device or dtype, or not built)."""
+    if torch.is_grad_enabled() or x.device.type != "cpu" or w.dtype != x.dtype:
+        return None
+    from dspark_trt.runtime import native, ops
+
+    if not ops.use_native(x):
+        return None
+    kind = native.kind_for(w, x.dtype)
+    if kind is None:
+        return None
+    x2 = x.reshape(-1, x.shape[-1])  # [M, in]
+    r2 = None if residual is None else residual.reshape(x2.shape[0], -1).contiguous()
+    y = native.linear(x2, w, kind, residual=r2, swiglu=swiglu, out_f32=out_f32)
+    return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def fused_weight(owner: nn.Module, name: str, parts: list[torch.Tensor]) -> torch.Tensor:
+    """cat(parts) along rows, cached on owner until one of the parts is replaced or modified in place."""
+    key = tuple((t.data_ptr(), t._version) for t in parts)
+    cache: dict = owner.__dict__.setdefault("_fused_weights", {})
+    hit = cache.get(name)
+    if hit is None or hit[0] != key:
+        with torch.inference_mode(False):  # a normal tensor (it carries a version counter for the packing cache)
+            hit = cache[name] = (key, torch.cat([t.detach() for t in parts], dim=0))
+    return hit[1]
 
 
 class RMSNorm(nn.Module):
@@ -55,27 +88,44 @@ class DSparkLayer(nn.Module):
         self.up_proj = nn.Linear(hidden, inter, bias=False)
         self.down_proj = nn.Linear(inter, hidden, bias=False)
 
-    def _kv(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def rope(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """pos [B, T] → cos, sin [B, 1, T, hd] (callers running several layers compute them once)."""
+        return rope_cos_sin(pos, self.head_dim, self.theta, dtype)
+
+    def _kv(self, x: torch.Tensor, pos: torch.Tensor,
+            rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, T, d], pos [B, T] → k, v [B, Hkv, T, hd] (k rotated)."""
         B, T, _ = x.shape
+        cos, sin = rope if rope is not None else self.rope(pos, x.dtype)
+        kv = native_product(x, fused_weight(self, "kv", [self.k_proj.weight, self.v_proj.weight]))  # [B, T, 2·Hkv·hd]
+        if kv is not None:
+            k, v = kv.view(B, T, 2, self.kv_heads, self.head_dim).unbind(2)
+            return apply_rope(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = rope_cos_sin(pos, self.head_dim, self.theta, k.dtype)
         return apply_rope(k, cos, sin), v
 
-    def context_kv(self, ctx: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def context_kv(self, ctx: torch.Tensor, pos: torch.Tensor,
+                   rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """ctx [B, C, d] (already fc+RMSNorm'd target features), pos [B, C] → k, v [B, Hkv, C, hd]."""
-        return self._kv(ctx, pos)
+        return self._kv(ctx, pos, rope)
 
     def forward(self, h: torch.Tensor, pos: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
-                mask: torch.Tensor) -> torch.Tensor:
+                mask: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """h [B, Q, d] block states, pos [B, Q], k_ctx/v_ctx [B, Hkv, C, hd], mask [B, Q, C+Q] bool → [B, Q, d]."""
         B, Q, _ = h.shape
         x = self.input_layernorm(h)
-        q = self.q_proj(x).view(B, Q, self.heads, self.head_dim).transpose(1, 2)  # [B, H, Q, hd]
-        cos, sin = rope_cos_sin(pos, self.head_dim, self.theta, q.dtype)
+        cos, sin = rope if rope is not None else self.rope(pos, x.dtype)
+        qkv = native_product(x, fused_weight(self, "qkv", [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))
+        if qkv is not None:  # [B, Q, (H + 2·Hkv)·hd]
+            nq = self.heads * self.head_dim
+            q = qkv[..., :nq].reshape(B, Q, self.heads, self.head_dim).transpose(1, 2)  # [B, H, Q, hd]
+            k_blk, v_blk = qkv[..., nq:].reshape(B, Q, 2, self.kv_heads, self.head_dim).unbind(2)
+            k_blk, v_blk = apply_rope(k_blk.transpose(1, 2), cos, sin), v_blk.transpose(1, 2)  # [B, Hkv, Q, hd]
+        else:
+            q = self.q_proj(x).view(B, Q, self.heads, self.head_dim).transpose(1, 2)  # [B, H, Q, hd]
+            k_blk, v_blk = self._kv(x, pos, (cos, sin))  # [B, Hkv, Q, hd]
         q = apply_rope(q, cos, sin)
-        k_blk, v_blk = self._kv(x, pos)  # [B, Hkv, Q, hd]
         k = torch.cat([k_ctx.to(q.dtype), k_blk], dim=2)  # [B, Hkv, C+Q, hd]
         v = torch.cat([v_ctx.to(q.dtype), v_blk], dim=2)
         rep = self.heads // self.kv_heads
@@ -83,6 +133,13 @@ class DSparkLayer(nn.Module):
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])  # [B, H, Q, hd]
-        h = h + self.o_proj(attn.transpose(1, 2).reshape(B, Q, -1))
+        o = attn.transpose(1, 2).reshape(B, Q, -1)  # [B, Q, H·hd]
+        fast = native_product(o, self.o_proj.weight, residual=h)
+        if fast is None:
+            h = h + self.o_proj(o)
+            x = self.post_attention_layernorm(h)
+            return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        h = fast
         x = self.post_attention_layernorm(h)
-        return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        a = native_product(x, fused_weight(self, "up_gate", [self.up_proj.weight, self.gate_proj.weight]), swiglu=True)
+        return native_product(a, self.down_proj.weight, residual=h)

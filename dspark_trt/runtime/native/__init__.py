@@ -130,7 +130,11 @@ def kind_for(w: torch.Tensor, x_dtype: torch.dtype, sq: bool = False) -> int | N
 
 def packed(w: torch.Tensor, kind: int, swiglu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The packed copy of w for kind (cached on the tensor; redone when w is modified in place or moved)."""
-    key = (kind, swiglu, w.data_ptr(), w._version, tuple(w.shape), w.dtype)
+    try:
+        version = w._version
+    except RuntimeError:  # an inference tensor: no version counter (and no in-place change outside inference mode)
+        version = -1
+    key = (kind, swiglu, w.data_ptr(), version, tuple(w.shape), w.dtype)
     cache: dict = w.__dict__.setdefault("_dspark_packed", {})
     hit = cache.get((kind, swiglu))
     if hit is not None and hit[0] == key:
