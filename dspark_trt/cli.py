@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "generate": "Generate text with DSpark speculative decoding (in process, from a build, or via a Triton URL)",
     "build": "Validate, quantize (ModelOpt), export TRT-LLM checkpoints, build engines, write the Triton repo",
     "serve": "Start tritonserver on a built model repository",
+    "load": "Soak / load check of a served build: N streaming clients for T s, answers checked, leak check",
     "openai": "OpenAI-compatible API (/v1/completions, /v1/chat/completions) in front of a running tritonserver",
     "bench": "Benchmarks: plain vs DSpark vs Hugging Face generate",
     "train-drafter": "Distill a DSpark block drafter from a target",

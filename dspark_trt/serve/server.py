@@ -1,7 +1,9 @@
 """Lifecycle of a real tritonserver process on a model repository: find the binary, lay out the python
 backend directory, build the environment the python-backend stub needs, start, wait for readiness, stop.
 
-Owns: `TritonServer` (context manager), `find_triton()`, `prepare_backend_dir()`, `server_env()`.
+Owns: `TritonServer` (context manager), `find_triton()`, `prepare_backend_dir()`, `server_env()`, and the leak
+check (`Footprint` of a running server: its processes, shm regions and run directory; `find_server`,
+`leftovers` — what is still there after it stopped).
 Knows nothing about DSpark or the models in the repository.
 
 Facts about the python-backend stub this follows: it must be symlinked (a copy loses its $ORIGIN
@@ -147,6 +149,67 @@ def _mapped_shm(pids: list[int]) -> set[str]:
     return names
 
 
+RUN_DIR_PREFIX = "dspark_triton_"
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What one running tritonserver holds on this machine: its process group (server + python stubs), the shm
+    regions they map, and its run directory (when it is one of ours)."""
+
+    pgid: int
+    pids: tuple[int, ...]
+    shm: tuple[str, ...]
+    run_dir: Path | None
+
+
+def _run_dir_of(pid: int) -> Path | None:
+    """The dspark_triton_* directory holding the server's backend links or its log (stdout), if any."""
+    places: list[Path] = []
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        places += [Path(a.split("=", 1)[1]) for a in args if a.startswith("--backend-directory=")]
+        places.append(Path(os.readlink(f"/proc/{pid}/fd/1")))
+    except OSError:
+        pass
+    for p in places:
+        for parent in (p, *p.parents):
+            if parent.name.startswith(RUN_DIR_PREFIX):
+                return parent
+    return None
+
+
+def footprint(pid: int) -> Footprint:
+    """The footprint of the running server `pid` (it leads its own process group, as TritonServer starts it)."""
+    pgid = os.getpgid(pid)
+    pids = tuple(sorted(_group_pids(pgid)))
+    return Footprint(pgid, pids, tuple(sorted(_mapped_shm(list(pids)))), _run_dir_of(pid))
+
+
+def find_server(grpc_port: int) -> int | None:
+    """The pid of the tritonserver on this machine started with --grpc-port=grpc_port, if any."""
+    flag = f"--grpc-port={grpc_port}"
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if args and args[0].endswith("tritonserver") and flag in args:
+            return int(entry.name)
+    return None
+
+
+def leftovers(fp: Footprint) -> list[str]:
+    """What of a stopped server's footprint is still there: processes of its group, shm regions, run directory."""
+    out = [f"process {pid} of the server's group is still running" for pid in _group_pids(fp.pgid)]
+    out += [f"/dev/shm/{name} is still there" for name in fp.shm if (Path("/dev/shm") / name).exists()]
+    if fp.run_dir is not None and fp.run_dir.exists():
+        out.append(f"run directory {fp.run_dir} is still there")
+    return out
+
+
 @dataclass
 class TritonServer:
     """A tritonserver on `repo`, ports chosen free when 0. Use as a context manager or start()/stop().
@@ -187,6 +250,13 @@ class TritonServer:
     @property
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
+
+    def footprint(self) -> Footprint:
+        """Processes, shm regions and run directory of the running server (for leak checks after stop())."""
+        if self._proc is None:
+            raise ServeError("the server is not running")
+        fp = footprint(self._proc.pid)
+        return Footprint(fp.pgid, fp.pids, fp.shm, fp.run_dir or self._tmp)
 
     def exit_code(self) -> int | None:
         """The server's exit code if it has exited on its own, else None."""
