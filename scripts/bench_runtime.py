@@ -1,13 +1,15 @@
 #!/usr/bin/env python
-"""Benchmark the runtime's plain greedy decoding against HF transformers generate() on this CPU.
+"""Benchmark the runtime's decode / verify / draft hot path on this CPU, in one run, and plot it.
 
-Side by side in one run, same prompts (code + chat), N new tokens with EOS ignored, median of R
-interleaved rounds: HF generate fp32/bf16 vs ours fp32/bf16, decode tok/s excluding prefill, % of the
-memory-bandwidth speed of light, and the cost of a verify pass of K+1 tokens relative to 1 token
-(K = 1..8) — the number that decides speculation's speed-up. Prints a markdown table stamped with the
-machine and writes it to docs/benchmarks-runtime.md. A benchmark, never a test.
+Reports, side by side: plain greedy decode tok/s of ours in bf16 and quantized (W8A16 by default; round-to-nearest
+weights from runtime.quant_linear.rtn_quantize) with weight MB per token and % of the measured read bandwidth; the
+cost of one verify pass of K+1 tokens relative to one token (K = 1..kmax) per model; the drafter's pass (γ = 4, 8)
+relative to a target decode step; llama.cpp (llama-cpp-python) on given GGUF files with the same prompt token ids,
+when `llama_cpp` is importable; optionally HF transformers generate. Writes a markdown table (stamped with the
+machine and load) and a PNG plot (matplotlib, the `bench` extra). A benchmark, never a test.
 
-    .venv/bin/python scripts/bench_runtime.py [--new 128] [--reps 3] [--threads 2] [--prompts 2]
+    .venv/bin/python scripts/bench_runtime.py [--new 128] [--reps 3] [--threads 2] [--quants W8A16,W8A8_SQ_PER_CHANNEL]
+        [--llama-gguf bf16=/path/smollm2-bf16.gguf --llama-gguf q8_0=/path/smollm2-q8_0.gguf] [--hf]
 """
 from __future__ import annotations
 
@@ -19,7 +21,9 @@ import platform
 import statistics
 import subprocess
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -27,64 +31,86 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-from dspark_trt.runtime.default_model import default_target_dir  # noqa: E402
 from dspark_trt.runtime.hf_loader import load_hf_checkpoint, load_tokenizer  # noqa: E402
 from dspark_trt.runtime.model import CausalLM  # noqa: E402
 
 log = logging.getLogger("bench_runtime")
 ROOT = Path(__file__).resolve().parent.parent
+DRAFTER = ROOT / "dspark_trt" / "assets" / "dspark-smollm2-135m"
 CODE = ["def quicksort(items):\n    \"\"\"Sort a list with quicksort.\"\"\"\n",
         "import json\n\nclass Config:\n    def __init__(self, path):\n",
         "// binary search in a sorted array\nint search(const int *a, int n, int key) {\n"]
 CHAT = ["Explain why the sky is blue in simple words.", "Give me three tips to sleep better.",
         "What is the difference between a list and a tuple in Python?"]
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass
+class Row:
+    engine: str
+    tok_s: float
+    mb_per_token: float | None = None
+    pct_bw: float | None = None
+    agree: str = "–"
+
+
+@dataclass
+class Report:
+    machine: str
+    bandwidth_gbs: float
+    rows: list[Row] = field(default_factory=list)
+    verify: dict[str, list[float]] = field(default_factory=dict)  # engine → cost(K+1) / cost(1), K = 1..kmax
+    drafter: dict[int, tuple[float, float]] = field(default_factory=dict)  # γ → (draft ms, ratio to a target step)
+    notes: list[str] = field(default_factory=list)
 
 
 def machine() -> str:
     try:
         model = next(line.split(":", 1)[1].strip() for line in subprocess.run(
             ["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines() if line.startswith("Model name"))
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - lscpu missing: any description will do
         model = platform.processor() or "unknown CPU"
     load = os.getloadavg()
     return (f"{model}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads, "
             f"load average {load[0]:.1f}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
 
 
-def read_bandwidth() -> float:
-    """GB/s reading a 1 GiB tensor (best of 5)."""
-    x = torch.ones(256 * 1024 * 1024, dtype=torch.float32)  # 1 GiB
-    x.sum()
-    best = min(_timed(lambda: x.sum()) for _ in range(5))
-    return x.numel() * 4 / best / 1e9
-
-
-def _timed(fn) -> float:  # noqa: ANN001
+def _timed(fn: Callable[[], Any]) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
 
 
+def _fastest(fn: Callable[[], Any], reps: int) -> float:
+    return min(_timed(fn) for _ in range(reps))
+
+
+def read_bandwidth(mib: int = 512) -> float:
+    """GB/s reading a `mib` MiB tensor with torch.sum (fastest of 5)."""
+    x = torch.ones(mib * 1024 * 1024 // 4, dtype=torch.float32)
+    x.sum()
+    return x.numel() * 4 / _fastest(lambda: x.sum(), 5) / 1e9
+
+
 def weight_bytes_per_token(model: CausalLM) -> int:
-    """Bytes of weights one decode step reads: every projection + lm_head + norms (embedding row ignored)."""
-    seen, total = set(), 0
-    for name, p in model.named_parameters():
-        if id(p) in seen or "vocab_embedding" in name:
+    """Bytes one decode step reads: every projection (quantized storage included) + lm_head + norms."""
+    seen: set[int] = set()
+    total = 0
+    for name, t in list(model.named_parameters()) + list(model.named_buffers()):
+        if id(t) in seen or "vocab_embedding" in name or name.endswith("inv_freq"):
             continue
-        seen.add(id(p))
-        total += p.numel() * p.element_size()
+        seen.add(id(t))
+        total += t.numel() * t.element_size()
     lm = model.lm_head_weight
     if id(lm) not in seen:  # tied: the embedding matrix is read by lm_head every token
         total += lm.numel() * lm.element_size()
     return total
 
 
-def prompts(tok, n: int) -> list[tuple[str, list[int]]]:  # noqa: ANN001
+def prompts(tok: Any, n: int) -> list[tuple[str, list[int]]]:
     out = []
     for i in range(n):
         if i % 2 == 0:
-            out.append(("code", tok(CODE[(i // 2) % len(CODE)]).input_ids))
+            out.append(("code", list(tok(CODE[(i // 2) % len(CODE)]).input_ids)))
         else:
             ids = tok.apply_chat_template([{"role": "user", "content": CHAT[(i // 2) % len(CHAT)]}],
                                           add_generation_prompt=True, tokenize=True)
@@ -92,20 +118,10 @@ def prompts(tok, n: int) -> list[tuple[str, list[int]]]:  # noqa: ANN001
     return out
 
 
-def hf_decode(hf, ids: list[int], new: int) -> tuple[float, list[int]]:  # noqa: ANN001
-    """Decode tok/s of HF generate excluding prefill: (t(new) − t(1)) / (new − 1)."""
-    x = torch.tensor([ids])
-    with torch.no_grad():
-        t1 = _timed(lambda: hf.generate(x, max_new_tokens=1, do_sample=False))
-        out = {}
-        tn = _timed(lambda: out.setdefault("y", hf.generate(x, max_new_tokens=new, min_new_tokens=new,
-                                                            do_sample=False)))
-    return (new - 1) / max(tn - t1, 1e-9), out["y"][0, len(ids):].tolist()
-
-
-def ours_decode(model: CausalLM, cache, ids: list[int], new: int) -> tuple[float, list[int]]:  # noqa: ANN001
+def ours_decode(model: CausalLM, ids: list[int], new: int) -> tuple[float, list[int]]:
+    """Greedy decode tok/s excluding prefill, and the tokens."""
+    cache = model.new_cache(1, len(ids) + new + 1)
     slots = torch.tensor([0])
-    cache.reset(0)
     nxt = int(model(torch.tensor([ids]), cache, slots, logits="last").logits[0, -1].argmax())
     toks = [nxt]
     buf = torch.empty(1, 1, dtype=torch.long)
@@ -117,103 +133,235 @@ def ours_decode(model: CausalLM, cache, ids: list[int], new: int) -> tuple[float
     return (new - 1) / (time.perf_counter() - t), toks
 
 
-def verify_costs(model: CausalLM, cache, ids: list[int], kmax: int = 8, reps: int = 5) -> list[float]:  # noqa: ANN001
-    """Time of one forward of K+1 tokens / time of 1 token, at the prompt's context length, K = 1..kmax."""
+def verify_costs(model: CausalLM, ids: list[int], kmax: int, reps: int = 5) -> list[float]:
+    """Fastest forward of K+1 tokens / fastest forward of 1 token at the prompt's context + 64, K = 1..kmax."""
+    ctx = ids + [(100 + i) % model.config.vocab_size for i in range(64)]
+    cache = model.new_cache(1, len(ctx) + kmax + 2)
     slots = torch.tensor([0])
-    cache.reset(0)
-    model(torch.tensor([ids + list(range(100, 164))]), cache, slots, logits="none")
+    model(torch.tensor([ctx]), cache, slots, logits="none")
     base = int(cache.lengths[0])
 
     def one(k: int) -> float:
         x = torch.arange(200, 201 + k).reshape(1, k + 1)
-        best = 1e9
-        for _ in range(reps):
-            t = time.perf_counter()
+
+        def run() -> None:
             model(x, cache, slots, logits="all")
-            best = min(best, time.perf_counter() - t)
             cache.truncate(slots, [base])
-        return best
+
+        return _fastest(run, reps)
 
     one(0)
     t0 = one(0)
     return [one(k) / t0 for k in range(1, kmax + 1)]
 
 
-def main() -> None:
+def drafter_costs(target: CausalLM, path: Path, ids: list[int], reps: int = 7) -> dict[int, tuple[float, float]]:
+    """γ → (ms of one drafter pass, ratio to one target decode step with the drafter's taps)."""
+    from dspark_trt.runtime.backend import SpecBackend
+    from dspark_trt.runtime.drafters import load_drafter
+    from dspark_trt.spec_decode.protocols import SamplingParams
+
+    drafter = load_drafter(path, target, dtype=target.dtype)
+    be = SpecBackend(target, drafter, max_batch=1, max_seq=len(ids) + 64)
+    be.prefill([0], [ids])
+    slot = torch.tensor([0])
+    start = int(be.cache.lengths[0])
+
+    def step() -> None:
+        target(torch.tensor([[42]]), be.cache, slot, taps=be.taps, logits="all")
+        be.cache.truncate(slot, [start])
+
+    t_step = _fastest(step, reps)
+    out = {}
+    for g in (4, int(getattr(drafter, "gamma", 8))):
+        t = _fastest(lambda: be.draft([0], torch.tensor([42]), g, [SamplingParams()]), reps)
+        out[g] = (t * 1e3, t / t_step)
+    return out
+
+
+def llama_cpp_decode(gguf: Path, ids: list[int], new: int, threads: int) -> tuple[float, list[int]] | None:
+    """llama.cpp greedy decode tok/s (excluding prefill) of the same prompt ids, or None without llama_cpp."""
+    try:
+        from llama_cpp import Llama  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    llm = Llama(model_path=str(gguf), n_ctx=len(ids) + new + 8, n_threads=threads, n_batch=512, verbose=False)
+    llm.reset()
+    llm.eval(ids)
+
+    def argmax_last() -> int:
+        scores = llm.scores[llm.n_tokens - 1]
+        return int(max(range(len(scores)), key=scores.__getitem__)) if not hasattr(scores, "argmax") else int(scores.argmax())
+
+    nxt = argmax_last()
+    toks = [nxt]
+    t = time.perf_counter()
+    for _ in range(new - 1):
+        llm.eval([nxt])
+        nxt = argmax_last()
+        toks.append(nxt)
+    return (new - 1) / (time.perf_counter() - t), toks
+
+
+def hf_decode(hf: Any, ids: list[int], new: int) -> tuple[float, list[int]]:
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        t1 = _timed(lambda: hf.generate(x, max_new_tokens=1, do_sample=False))
+        out: dict[str, torch.Tensor] = {}
+        tn = _timed(lambda: out.setdefault("y", hf.generate(x, max_new_tokens=new, min_new_tokens=new, do_sample=False)))
+    return (new - 1) / max(tn - t1, 1e-9), out["y"][0, len(ids):].tolist()
+
+
+def run(args: argparse.Namespace) -> Report:
+    from dspark_trt.runtime.quant_linear import rtn_quantize
+
+    d = Path(args.model) if args.model else _default_dir()
+    tok = load_tokenizer(d)
+    ps = prompts(tok, args.prompts)
+    rep = Report(machine(), read_bandwidth())
+    base = load_hf_checkpoint(d, dtype=torch.bfloat16)
+    models: dict[str, CausalLM] = {"ours bf16": base}
+    for q in [q for q in args.quants.split(",") if q]:
+        models[f"ours {q}"] = rtn_quantize(base, q)
+    ref_tokens: dict[int, list[int]] = {}
+    for name, model in models.items():
+        speeds, same = [], 0
+        for r in range(args.reps):
+            for i, (_, ids) in enumerate(ps):
+                s, toks = ours_decode(model, ids, args.new)
+                speeds.append(s)
+                if r == 0:
+                    if name == "ours bf16":
+                        ref_tokens[i] = toks
+                    same += toks == ref_tokens.get(i)
+        mb = weight_bytes_per_token(model) / 1e6
+        med = statistics.median(speeds)
+        agree = "reference" if name == "ours bf16" else f"= bf16 on {same}/{len(ps)} prompts"
+        rep.rows.append(Row(name, med, mb, 100 * med * mb / 1e3 / rep.bandwidth_gbs, agree))
+        rep.verify[name] = verify_costs(model, ps[0][1], args.kmax)
+        log.info("%s: %.1f tok/s, verify %s", name, med, [round(c, 2) for c in rep.verify[name]])
+    drafter = Path(args.drafter) if args.drafter else (DRAFTER if not args.model else None)
+    if drafter is not None and drafter.exists():
+        rep.drafter = drafter_costs(base, drafter, ps[0][1])
+    for spec in args.llama_gguf:
+        label, _, path = spec.partition("=") if "=" in spec else (Path(spec).stem, "", spec)
+        speeds, same, res = [], 0, None
+        for r in range(args.reps):
+            for i, (_, ids) in enumerate(ps):
+                res = llama_cpp_decode(Path(path), ids, args.new, torch.get_num_threads())
+                if res is None:
+                    break
+                speeds.append(res[0])
+                same += r == 0 and res[1] == ref_tokens.get(i)
+            if res is None:
+                break
+        if res is None:
+            rep.notes.append(f"llama.cpp {label}: not measured (`llama_cpp` is not importable; pip install "
+                             f"llama-cpp-python builds llama.cpp from source)")
+            continue
+        rep.rows.append(Row(f"llama.cpp {label}", statistics.median(speeds), agree=f"= ours bf16 on {same}/{len(ps)}"))
+    if not args.llama_gguf:
+        rep.notes.append("llama.cpp: not measured (pass --llama-gguf LABEL=PATH with llama-cpp-python installed)")
+    if args.hf:
+        from transformers import AutoModelForCausalLM
+
+        hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.bfloat16).eval()
+        hf.generation_config.eos_token_id = None
+        speeds = [hf_decode(hf, ids, args.new)[0] for _ in range(args.reps) for _, ids in ps]
+        rep.rows.append(Row("HF transformers generate bf16", statistics.median(speeds)))
+    return rep
+
+
+def _default_dir() -> Path:
+    from dspark_trt.runtime.default_model import default_target_dir
+
+    return default_target_dir()
+
+
+def markdown(rep: Report, args: argparse.Namespace) -> str:
+    lines = ["# Runtime benchmark: plain greedy decoding, verify cost, drafter cost", "",
+             f"Machine: {rep.machine}. Read bandwidth {rep.bandwidth_gbs:.1f} GB/s (torch.sum). {args.new} new "
+             f"tokens, EOS ignored, decode tok/s excluding prefill, median of {args.reps} rounds × {args.prompts} "
+             f"prompts. % BW = tok/s × MB/token / bandwidth.", "",
+             "| engine | tok/s | MB/token | % BW | greedy tokens |", "|---|---|---|---|---|"]
+    for r in rep.rows:
+        mb = f"{r.mb_per_token:.0f}" if r.mb_per_token else "–"
+        bw = f"{r.pct_bw:.0f}%" if r.pct_bw else "–"
+        lines.append(f"| {r.engine} | {r.tok_s:.1f} | {mb} | {bw} | {r.agree} |")
+    k = len(next(iter(rep.verify.values()), []))
+    lines += ["", "Verify pass of K+1 tokens / one-token step (context = prompt + 64):", "",
+              "| engine | " + " | ".join(f"K={i}" for i in range(1, k + 1)) + " |", "|---|" + "---|" * k]
+    for name, c in rep.verify.items():
+        lines.append(f"| {name} | " + " | ".join(f"{x:.2f}" for x in c) + " |")
+    if rep.drafter:
+        lines += ["", "| drafter pass | ms | / target decode step |", "|---|---|---|"]
+        lines += [f"| γ = {g} | {ms:.2f} | {ratio:.3f} |" for g, (ms, ratio) in rep.drafter.items()]
+    lines += [""] + [f"- {n}" for n in rep.notes]
+    return "\n".join(lines) + "\n"
+
+
+def plot(rep: Report, path: Path) -> bool:
+    """tok/s bars and verify-cost lines; False when matplotlib is missing (pip install -e .[bench])."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log.warning("matplotlib not installed (pip install -e .[bench]); no plot")
+        return False
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    a.barh([r.engine for r in rep.rows], [r.tok_s for r in rep.rows], color="tab:blue")
+    a.set_xlabel("decode tok/s (batch 1)")
+    a.invert_yaxis()
+    for name, c in rep.verify.items():
+        b.plot(range(1, len(c) + 1), c, marker="o", label=name)
+    b.axhline(1.3, color="grey", linestyle="--", linewidth=1, label="1.3× target")
+    b.set_xlabel("K (verify K+1 tokens)")
+    b.set_ylabel("cost / one-token step")
+    b.legend()
+    fig.suptitle(rep.machine, fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--new", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=2, help="number of prompts, alternating code/chat (≤ 6)")
-    ap.add_argument("--dtypes", default="fp32,bf16")
-    ap.add_argument("--no-hf", action="store_true", help="skip HF generate (ours only)")
+    ap.add_argument("--kmax", type=int, default=8)
+    ap.add_argument("--quants", default="W8A16", help="comma list of W8A16, W8A8_SQ_PER_CHANNEL, FP8 ('' = none)")
+    ap.add_argument("--model", default=None, help="HF checkpoint dir (default: the embedded SmolLM2-135M)")
+    ap.add_argument("--drafter", default=None, help="drafter dir (default: the shipped one, with the default model)")
+    ap.add_argument("--llama-gguf", action="append", default=[], metavar="LABEL=PATH",
+                    help="GGUF for llama.cpp (repeatable), e.g. bf16=smollm2-bf16.gguf q8_0=smollm2-q8_0.gguf")
+    ap.add_argument("--hf", action="store_true", help="also time HF transformers generate")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks-runtime.md")
-    args = ap.parse_args()
+    ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "benchmarks-runtime.png")
+    ap.add_argument("--no-plot", action="store_true")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> Report:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("transformers").setLevel(logging.ERROR)
     torch.set_num_threads(args.threads)
-    from transformers import AutoModelForCausalLM
-
-    d = default_target_dir()
-    tok = load_tokenizer(d)
-    ps = prompts(tok, args.prompts)
-    bw = read_bandwidth()
-    rows, costs = [], {}
-    hf_fp32 = None
-    for dname in args.dtypes.split(","):
-        dt = DTYPES[dname]
-        ours = load_hf_checkpoint(d, dtype=dt)
-        cache = ours.new_cache(1, max(len(p) for _, p in ps) + args.new + 80)
-        hf = None if args.no_hf else AutoModelForCausalLM.from_pretrained(d, dtype=dt).eval()
-        if hf is not None:
-            hf.generation_config.eos_token_id = None  # EOS ignored: always `new` tokens
-        mb = weight_bytes_per_token(ours) / 1e6
-        sol = bw * 1e3 / mb  # tok/s at the bandwidth limit
-        res = {"hf": [], "ours": []}
-        same = []
-        for r in range(args.reps):  # interleaved rounds
-            for kind, ids in ps:
-                if hf is not None:
-                    s, ref = hf_decode(hf, ids, args.new)
-                    res["hf"].append(s)
-                s2, mine = ours_decode(ours, cache, ids, args.new)
-                res["ours"].append(s2)
-                if hf is not None and r == 0:
-                    same.append(mine == ref)
-                log.info("%s round %d %s: hf %.1f ours %.1f tok/s", dname, r, kind,
-                         res["hf"][-1] if res["hf"] else float("nan"), s2)
-        for eng in ("hf", "ours"):
-            if not res[eng]:
-                continue
-            med = statistics.median(res[eng])
-            if eng == "hf" and dname == "fp32":
-                hf_fp32 = med
-            name = f"HF transformers generate, {dname}" if eng == "hf" else f"dspark_trt runtime, {dname}"
-            agree = "reference" if eng == "hf" else (f"identical {sum(same)}/{len(same)}" if same else "–")
-            rows.append((name, med, mb, 100 * med / sol, agree))
-        costs[dname] = verify_costs(ours, cache, ps[0][1])
-        del hf, ours, cache
-
-    lines = [f"# Runtime benchmark: plain greedy decoding, SmolLM2-135M-Instruct", "",
-             f"Machine: {machine()}.", f"Read bandwidth {bw:.1f} GB/s (torch.sum over 1 GiB). "
-             f"{args.new} new tokens, EOS ignored, decode tok/s excluding prefill, median of {args.reps} interleaved "
-             f"rounds over {len(ps)} prompts ({', '.join(k for k, _ in ps)}). SoL = bandwidth / weight bytes per token.",
-             "", "| engine | tok/s | vs HF fp32 | MB/token | % SoL | output vs HF greedy |", "|---|---|---|---|---|---|"]
-    for name, med, mb, pct, agree in rows:
-        rel = f"{med / hf_fp32:.2f}" if hf_fp32 else "–"
-        lines.append(f"| {name} | {med:.1f} | {rel} | {mb:.0f} | {pct:.0f}% | {agree} |")
-    lines += ["", "Cost of one verify pass of K+1 tokens relative to a 1-token decode step (ours, at the prompt's "
-              "context + 64 tokens):", "", "| dtype | " + " | ".join(f"K={k}" for k in range(1, 9)) + " |",
-              "|---|" + "---|" * 8]
-    for dname, c in costs.items():
-        lines.append(f"| {dname} | " + " | ".join(f"{x:.2f}" for x in c) + " |")
-    table = "\n".join(lines) + "\n"
-    print(table)
-    footer = ("\nGenerated by `scripts/bench_runtime.py`. On a shared machine the load average above matters: "
-              "compare rows of one run, not runs. Design notes and what was tried: docs/runtime.md.\n")
+    rep = run(args)
+    text = markdown(rep, args)
+    if not args.no_plot and plot(rep, args.plot):
+        text += f"\n![runtime benchmark]({args.plot.name})\n"
+    text += ("\nGenerated by `scripts/bench_runtime.py`. On a shared machine the load average above matters: compare "
+             "rows of one run, not runs. Design notes and what was tried: docs/runtime.md.\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(table + footer)
-    log.info("wrote %s", args.out)
+    args.out.write_text(text)
+    log.info("%s\nwrote %s", text, args.out)
+    return rep
 
 
 if __name__ == "__main__":
