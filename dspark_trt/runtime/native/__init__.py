@@ -67,7 +67,21 @@ def _build() -> ModuleType:
                              extra_include_paths=[str(HERE)], extra_ldflags=["-fopenmp"], build_directory=str(root),
                              verbose=False)
     log.info("native kernels %s (%s) ready in %.1f s (%s)", name, ext.build_info(), time.perf_counter() - t0, root)
+    _prune(root)
     return ext
+
+
+def _prune(current: Path, keep_s: float = 86400.0) -> None:
+    """Remove builds of older kernel sources (sibling dspark_native_* dirs untouched for a day)."""
+    import shutil
+
+    now = time.time()
+    for d in current.parent.glob("dspark_native_*"):
+        try:
+            if d != current and d.is_dir() and now - d.stat().st_mtime > keep_s:
+                shutil.rmtree(d, ignore_errors=True)
+        except OSError:
+            pass
 
 
 def _ext() -> ModuleType | None:
