@@ -1,7 +1,8 @@
 """Stage 5, model repository: fill the Triton templates of dspark_trt/model_repo/ into build/NAME/model_repo and,
 for GPU hosts (`--serving trtllm|both`), dspark_trt/model_repo/ overlaid with dspark_trt/model_repo_trtllm/ into
-build/NAME/model_repo_trtllm (ensemble, ensemble_stream, preprocessing, dspark_sync and the dspark config from model_repo/;
-target/draft tensorrtllm configs and the dspark adapter from the overlay; docs/gpu.md).
+build/NAME/model_repo_trtllm: an overlay model with a config.pbtxt (target, draft: tensorrtllm) replaces the base
+model whole, other overlay files replace single files (dspark/1/model.py: the engine-driving adapter); every other
+model (ensembles, preprocessing, the dspark config, ...) is model_repo/'s (docs/gpu.md).
 
 Owns the `${KEY}` substitution (keys per docs/CONTRACTS.md: BUILD_DIR, MAX_BATCH_SIZE, GAMMA, POLICY, MIN_K,
 MAX_K, MAX_SEQ_LEN, MAX_QUEUE) over every config.pbtxt; other files are copied verbatim. An unknown key,
@@ -25,8 +26,6 @@ TEMPLATE_KEYS: tuple[str, ...] = ("BUILD_DIR", "MAX_BATCH_SIZE", "GAMMA", "POLIC
 TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "model_repo"  # package data: dspark_trt/model_repo/
 TRTLLM_TEMPLATE_DIR = Path(__file__).resolve().parents[1] / "model_repo_trtllm"  # package data: the GPU-host overlay
 REFERENCE_REPO, TRTLLM_REPO = "model_repo", "model_repo_trtllm"
-TRTLLM_BASE_MODELS: tuple[str, ...] = ("ensemble", "ensemble_stream", "preprocessing", "dspark_sync",
-                                      "dspark")  # from model_repo/
 _KEY = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 FILLED_SUFFIXES = (".pbtxt",)
 
@@ -67,29 +66,30 @@ def template_hashes(hash_file: Callable[[Path], str]) -> dict[str, str]:
             for p in template_files(root) if p.is_file()}
 
 
-def _sources(template: Path, overlay: Path | None, base_models: Sequence[str] | None,
-             drop: Sequence[str]) -> dict[Path, Path]:
-    """{relative path: source} of one repository: template files (only base_models' top-level dirs when given),
-    then overlay files replacing or adding; models named in drop left out."""
-    out: dict[Path, Path] = {}
-    for root, models in ((template, base_models), (overlay, None)):
-        if root is None:
-            continue
+def _sources(template: Path, overlay: Path | None, drop: Sequence[str]) -> dict[Path, Path]:
+    """{relative path: source} of one repository: the template's files, then the overlay's — an overlay model with
+    a config.pbtxt replaces the template's model whole, other overlay files replace or add single files; models
+    named in drop left out."""
+    roots = [template] + ([overlay] if overlay is not None else [])
+    for root in roots:
         if not root.is_dir():
             raise BuildError(f"The model repository templates are missing at {root}; reinstall dspark_trt "
                              f"(the templates ship as package data in dspark_trt/{root.name}/).")
+    whole = {p.parent.name for p in overlay.glob("*/config.pbtxt")} if overlay is not None else set()
+    out: dict[Path, Path] = {}
+    for root in roots:
         for src in template_files(root):
             rel = src.relative_to(root)
-            if (models is None or rel.parts[0] in models) and rel.parts[0] not in drop:
-                out[rel] = src
+            if rel.parts[0] in drop or (root == template and rel.parts[0] in whole):
+                continue
+            out[rel] = src
     return dict(sorted(out.items()))
 
 
 def fill_model_repo(opts: BuildOptions, build_dir: Path, template: Path = TEMPLATE_DIR, *, dest_name: str = REFERENCE_REPO,
-                    overlay: Path | None = None, base_models: Sequence[str] | None = None,
-                    drop: Sequence[str] = ()) -> dict[str, object]:
+                    overlay: Path | None = None, drop: Sequence[str] = ()) -> dict[str, object]:
     """Copy + fill template (+ overlay) → build_dir/dest_name (replaced atomically); returns manifest facts."""
-    sources = _sources(template, overlay, base_models, drop)
+    sources = _sources(template, overlay, drop)
     values = template_values(opts, build_dir)
     dest = Path(build_dir) / dest_name
     tmp = Path(build_dir) / f".{dest_name}.tmp"
@@ -119,7 +119,7 @@ def fill_model_repo(opts: BuildOptions, build_dir: Path, template: Path = TEMPLA
 
 
 def fill_trtllm_repo(opts: BuildOptions, build_dir: Path, draft_engine: bool = True) -> dict[str, object]:
-    """build_dir/model_repo_trtllm: model_repo/'s ensembles, preprocessing, dspark_sync and dspark config with
-    model_repo_trtllm/'s target + draft (tensorrtllm) and dspark adapter; no `draft` without a draft engine."""
+    """build_dir/model_repo_trtllm: model_repo/ with model_repo_trtllm/'s target + draft (tensorrtllm) and dspark
+    adapter; no `draft` without a draft engine."""
     return fill_model_repo(opts, build_dir, TEMPLATE_DIR, dest_name=TRTLLM_REPO, overlay=TRTLLM_TEMPLATE_DIR,
-                           base_models=TRTLLM_BASE_MODELS, drop=() if draft_engine else ("draft",))
+                           drop=() if draft_engine else ("draft",))

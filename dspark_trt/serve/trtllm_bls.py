@@ -39,7 +39,8 @@ INPUT_DTYPES: dict[str, type] = {
     "request_output_len": np.int32,  # [1, 1] tokens to return (K + 1 for a verify)
     "draft_input_ids": np.int32,  # [1, K] external draft tokens (verify with K ≥ 1 only)
     "exclude_input_in_output": np.bool_,  # [1, 1] True: output_ids holds only the new tokens
-    "return_generation_logits": np.bool_,  # [1, 1] the target's logits of the returned tokens
+    "return_generation_logits": np.bool_,  # [1, 1] the target's logits of the returned tokens (always sent: a
+    # fan-out's requests then carry the same inputs but draft_input_ids, which Triton's dynamic batcher needs)
     "temperature": np.float32,  # [1, 1] sampled requests only
     "runtime_top_p": np.float32,  # [1, 1] sampled requests only
     "seed": np.uint64,  # [1, 1] sampled requests with a seed only
@@ -59,8 +60,7 @@ def call_tensors(call: EngineCall) -> dict[str, np.ndarray]:
          "exclude_input_in_output": scalar("exclude_input_in_output", True)}
     if call.draft_ids:
         t["draft_input_ids"] = np.asarray([call.draft_ids], dtype=np.int32)  # [1, K]
-    if call.return_logits:
-        t["return_generation_logits"] = scalar("return_generation_logits", True)
+    t["return_generation_logits"] = scalar("return_generation_logits", call.return_logits)  # always, as the BLS does
     if call.temperature > 0:
         t["temperature"] = scalar("temperature", call.temperature)
         t["runtime_top_p"] = scalar("runtime_top_p", call.top_p)

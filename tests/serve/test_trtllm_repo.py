@@ -25,7 +25,11 @@ pytestmark = [pytest.mark.triton, pytest.mark.slow]
 
 PROMPTS = ["def main(argv):", "import os\nimport sys", "class Queue:", "for i in range(10):", "with open(path) as f:",
            "raise ValueError(", "return self._", "# Copyright 2001"]
-POLICIES = ("confidence", "fixed", "survival", "plain")
+# The burst's policies always verify ≥ 1 draft token, so a round's verify requests carry the same inputs and the
+# stand-in's Triton dynamic batcher can batch them (a K = 0 row has no draft_input_ids: another batch there; the real
+# tensorrtllm backend batches in flight inside TensorRT-LLM's executor whatever Triton hands it). survival and
+# plain are checked one by one below.
+POLICIES = ("confidence", "fixed")
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +92,7 @@ def test_build_writes_the_gpu_host_repository(trtllm_build: Path) -> None:
 
 def test_eight_streams_equal_the_reference_repository(standin_server: TritonServer, server: TritonServer,
                                                       reference: Callable) -> None:
-    jobs = [(PROMPTS[i], 24 + 4 * i, POLICIES[i % 4]) for i in range(8)]
+    jobs = [(PROMPTS[i], 24 + 4 * i, POLICIES[i % 2]) for i in range(8)]
     before = read_metrics(standin_server.metrics_url)
     got = _burst(standin_server.grpc_url, jobs)
     want = _burst(server.grpc_url, jobs)  # the reference repository (model_repo/) on the same build
@@ -110,9 +114,16 @@ def test_eight_streams_equal_the_reference_repository(standin_server: TritonServ
     assert after["dspark_active_requests"] == 0
 
 
-def test_http_generate_and_bad_input(standin_server: TritonServer, reference: Callable) -> None:
-    out = generate_remote(standin_server.http_url, PROMPTS[2], max_tokens=16, protocol="http", policy="fixed")
-    assert out["token_ids"] == reference(PROMPTS[2], 16)
+def test_every_policy_one_by_one_and_bad_input(standin_server: TritonServer, server: TritonServer,
+                                                reference: Callable) -> None:
+    for i, policy in enumerate(("survival", "plain", "fixed")):
+        prompt, protocol = PROMPTS[2 + i], ("http", "grpc")[i % 2]
+        url, ref_url = (standin_server.http_url, server.http_url) if protocol == "http" else \
+            (standin_server.grpc_url, server.grpc_url)
+        got = generate_remote(url, prompt, max_tokens=20, protocol=protocol, policy=policy)
+        want = generate_remote(ref_url, prompt, max_tokens=20, protocol=protocol, policy=policy)
+        assert got["token_ids"] == want["token_ids"] == reference(prompt, 20), policy
+        assert got["text"] == want["text"]
     with pytest.raises(RequestError, match="policy must be one of"):
         generate_remote(standin_server.http_url, PROMPTS[0], max_tokens=8, protocol="http", policy="bogus")
     assert generate_remote(standin_server.grpc_url, PROMPTS[0], max_tokens=8, protocol="grpc")["token_ids"] == \

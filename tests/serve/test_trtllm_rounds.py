@@ -193,7 +193,8 @@ def test_bls_tensors() -> None:
         assert arr.ndim == 2 and arr.shape[0] == 1, name
     assert int(t["request_output_len"][0, 0]) == 3 and bool(t["exclude_input_in_output"][0, 0])
     plain = call_tensors(EngineCall((1,), 1))
-    assert "draft_input_ids" not in plain and "temperature" not in plain and "return_generation_logits" not in plain
+    assert "draft_input_ids" not in plain and "temperature" not in plain
+    assert not bool(plain["return_generation_logits"][0, 0])  # always sent, as tensorrtllm_backend's BLS does
     rep = reply_from_arrays(np.array([[[7, 8, 9, 0]]], dtype=np.int32), np.array([[3]], dtype=np.int32),
                             np.ones((1, 1, 4, 5), dtype=np.float32))
     assert rep.tokens == [7, 8, 9] and rep.logits is not None and rep.logits.shape == (3, 5)
