@@ -168,3 +168,19 @@ def test_templates_are_package_data() -> None:
     globs = py["tool"]["setuptools"]["package-data"]["dspark_trt"]
     assert "model_repo_trtllm/**/*" in globs and "model_repo/**/*" in globs
     assert TRTLLM_TEMPLATE_DIR.parent == TEMPLATE_DIR.parent
+
+
+@pytest.mark.parametrize("serving, kind, repos", [("reference", "lm", ["model_repo"]),
+                                                  ("trtllm", "lm", ["model_repo_trtllm"]),
+                                                  ("both", "lm", ["model_repo", "model_repo_trtllm"]),
+                                                  ("both", "dspark", ["model_repo"])])
+def test_model_repo_stage_per_serving(tmp_path: Path, serving: str, kind: str, repos: list[str]) -> None:
+    from types import SimpleNamespace
+
+    from dspark_trt.builder.pipeline import BuildPipeline
+
+    pipe = BuildPipeline(BuildOptions(serving=serving, output=str(tmp_path / "b")), quiet=True)
+    facts = pipe._model_repos(SimpleNamespace(draft_kind=kind))  # noqa: SLF001 - the stage's own facts
+    assert facts["paths"] == repos and sorted(p.name for p in (tmp_path / "b").iterdir()) == sorted(repos)
+    assert facts["values"]["GAMMA"] == str(BuildOptions().gamma) and facts["serving"] == serving
+    assert ("model_repo_trtllm" in facts) == (kind == "dspark")  # why the GPU-host repository is absent
