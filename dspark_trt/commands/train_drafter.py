@@ -40,6 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=D.seed)
     p.add_argument("--threads", type=int, default=D.threads)
     p.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="start from a drafter checkpoint dir's weights (fresh optimizer), e.g. the shipped drafter")
     p.add_argument("--feature-minutes", type=float, default=0.0,
                    help="time budget for caching features (0 = all); keeps the sequences done")
     p.add_argument("--features-only", action="store_true", help="cache target features into OUT/features and stop")
@@ -92,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     if args.features_only:
         return 0
     hf = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32)
-    metrics = train(cfg, hf, Path(args.target), [fdir, *args.extra_features], args.out, resume=args.resume)
+    metrics = train(cfg, hf, Path(args.target), [fdir, *args.extra_features], args.out, resume=args.resume,
+                    init_from=args.init_from)
     log.info("drafter written to %s (held-out τ_tf %.3f)", args.out / "drafter", metrics.get("heldout_tau_tf") or 0)
     return 0

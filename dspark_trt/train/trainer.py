@@ -134,8 +134,10 @@ def export(model: DSparkModel, out: Path, report: CalibrationReport | None = Non
 
 
 def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_dirs: Sequence[Path], out: Path,
-          resume: bool = False) -> dict[str, Any]:
-    """Train, calibrate and export a DSpark drafter to out/drafter; returns a metrics dict (also out/metrics.json)."""
+          resume: bool = False, init_from: Path | None = None) -> dict[str, Any]:
+    """Train, calibrate and export a DSpark drafter to out/drafter; returns a metrics dict (also out/metrics.json).
+    init_from: a drafter checkpoint dir whose weights (and draft vocabulary) start a new run with a fresh optimizer
+    (continue training across machines when train_state.pt is gone); resume takes precedence."""
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     out.mkdir(parents=True, exist_ok=True)
@@ -154,6 +156,17 @@ def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_
         model = DSparkModel(dcfg)
         model.load_state_dict(state["model"])
         log.info("resuming at step %d (%.1f min done)", state["step"], state["elapsed"] / 60)
+    elif init_from is not None:
+        from dspark_trt.runtime.drafters.loader import load_dspark_model
+        model = load_dspark_model(Path(init_from))
+        meta = json.loads((Path(store_dirs[0]) / "meta.json").read_text())
+        if tuple(meta["layer_ids"]) != tuple(model.cfg.target_layer_ids):
+            raise DrafterError(f"--init-from {init_from} taps layers {list(model.cfg.target_layer_ids)} but the cached "
+                               f"features tap {meta['layer_ids']}. Fix: recache with --layers matching the drafter.")
+        if model.cfg.block_size != cfg.gamma:
+            raise DrafterError(f"--init-from {init_from} has block size {model.cfg.block_size}, --gamma is {cfg.gamma}. "
+                               f"Fix: pass --gamma {model.cfg.block_size}.")
+        log.info("starting from the weights of %s (fresh optimizer)", init_from)
     else:
         meta = json.loads((Path(store_dirs[0]) / "meta.json").read_text())
         layers = tuple(meta["layer_ids"])

@@ -60,3 +60,25 @@ def test_cli_trains_calibrates_exports_and_resumes(tiny_pair, tiny_target, tmp_p
     argv[argv.index("--max-steps") + 1] = "8"
     assert main(argv + ["--resume"]) == 0
     assert json.loads((tmp_path / "o" / "metrics.json").read_text())["steps"] == 8
+
+
+def test_cli_init_from_continues_from_a_drafter_checkpoint(tiny_pair, tiny_target, tmp_path) -> None:  # noqa: ANN001
+    """--init-from starts a new run from exported weights (train_state.pt gone): same d2t, other weights move on;
+    a block size that does not match is refused with the fix."""
+    from safetensors.torch import load_file
+
+    from dspark_trt.cli import main
+
+    files = [str(p) for p in corpus_files(3)]
+    argv = ["train-drafter", "--target", str(tiny_pair.target), "--corpus", *files, "--gamma", "4", "--layers", "0,1",
+            "--num-layers", "1", "--markov-rank", "8", "--draft-vocab", "256", "--max-steps", "4", "--max-tokens",
+            "4000", "--batch-seqs", "2", "--anchors", "4", "--seed", "3"]
+    assert main(argv + ["--out", str(tmp_path / "a")]) == 0
+    first = load_file(str(tmp_path / "a" / "drafter" / "model.safetensors"))
+    assert main(argv + ["--out", str(tmp_path / "b"), "--init-from", str(tmp_path / "a" / "drafter")]) == 0
+    second = load_file(str(tmp_path / "b" / "drafter" / "model.safetensors"))
+    assert torch.equal(first["d2t"], second["d2t"])
+    assert not torch.equal(first["fc.weight"], second["fc.weight"])  # trained further
+    bad = argv + ["--out", str(tmp_path / "c"), "--init-from", str(tmp_path / "a" / "drafter")]
+    bad[bad.index("--gamma") + 1] = "5"
+    assert main(bad) != 0
