@@ -15,6 +15,7 @@ import argparse
 import ipaddress
 import json
 import logging
+import math
 import queue
 import socket
 import sys
@@ -217,8 +218,8 @@ def run_load(url: str, jobs: list[tuple[str, int]], clients: int, duration: floa
 def _pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
-    v = sorted(values)
-    return v[min(len(v) - 1, max(0, int(round(q / 100 * len(v) + 0.5)) - 1))]
+    v = sorted(values)  # nearest rank
+    return v[min(len(v) - 1, max(0, math.ceil(q / 100 * len(v)) - 1))]
 
 
 def summarize(samples: list[Sample], wall: float, refs: list[list[int]], clients: int) -> dict[str, Any]:

@@ -102,7 +102,8 @@ def test_target_and_draft_models_explicit_batch(server, reference) -> None:
     ids = np.zeros((len(rows), max(map(len, rows))), dtype=np.int32)  # [B, T]
     for i, r in enumerate(rows):
         ids[i, : len(r)] = r
-    client = httpclient.InferenceServerClient(server.http_url)
+    # the first call loads the build in the `target` stub (and its native kernels: a rebuild can take a minute)
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=600.0)
     inputs = [httpclient.InferInput("input_ids", list(ids.shape), "INT32"),
               httpclient.InferInput("input_lengths", [len(rows)], "INT32")]
     inputs[0].set_data_from_numpy(ids)
@@ -133,3 +134,72 @@ def test_seeded_sampling_plain_equals_in_process(server, reference, protocol: st
     out = generate_remote(url, prompt, max_tokens=24, protocol=protocol, policy="plain", temperature=0.8, top_p=0.95,
                           seed=11)
     assert out["token_ids"] == want
+
+
+def _infer_inputs(module, prompt: str, n: int) -> list:  # noqa: ANN001 - tritonclient.http or .grpc
+    import numpy as np
+
+    inputs = []
+    for name, arr, dt in (("text_input", np.array([[prompt.encode()]], dtype=object), "BYTES"),
+                          ("max_tokens", np.array([[n]], dtype=np.int32), "INT32"),
+                          ("return_stats", np.array([[True]]), "BOOL")):
+        t = module.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        inputs.append(t)
+    return inputs
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_plain_infer_on_ensemble(server, reference, protocol: str) -> None:
+    """The `ensemble` is not decoupled: tritonclient's plain infer (HTTP POST .../infer, gRPC ModelInfer) answers
+    with the greedy text (tensorrtllm_backend users call both infer and streaming on one repository)."""
+    import json as _json
+
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    module = httpclient if protocol == "http" else grpcclient
+    url = server.http_url if protocol == "http" else server.grpc_url
+    prompt, n = "with open(path) as f:", 21
+    out = module.InferenceServerClient(url).infer("ensemble", _infer_inputs(module, prompt, n))
+    want = reference(prompt, n)
+    assert out.as_numpy("output_ids").reshape(-1).tolist() == want
+    assert out.as_numpy("text_output").reshape(-1)[0].decode() == reference.text(want)
+    assert _json.loads(out.as_numpy("stats").reshape(-1)[0])["committed_tokens"] == len(want)
+
+
+def test_stream_true_on_ensemble_names_ensemble_stream(server) -> None:
+    import requests
+
+    r = requests.post(f"http://{server.http_url}/v2/models/ensemble/generate_stream",
+                      json={"text_input": "def f", "max_tokens": 4, "stream": True}, timeout=120)
+    assert "ensemble_stream" in r.text, r.text
+    r = requests.post(f"http://{server.http_url}/v2/models/ensemble_stream/generate_stream",
+                      json={"text_input": "def f", "max_tokens": 4, "stream": True}, timeout=120)
+    assert r.status_code == 200 and r.text.count("data:") >= 2, r.text
+
+
+def test_seeded_sampling_reproducible_on_long_running_server(server) -> None:
+    """Same seed, prompt and fixed K → the same sampled tokens, with other requests (greedy, other seeds, other
+    policies, concurrent ones) served in between: every draw is keyed on (seed, position), drafters' included."""
+    import threading
+
+    prompt, n = "import os\nimport sys", 40
+    kw = dict(max_tokens=n, protocol="grpc", stream=True, policy="fixed", max_k=3, temperature=0.9, top_p=0.95,
+              seed=1234)
+    first = generate_remote(server.grpc_url, prompt, **kw)["token_ids"]
+    assert len(first) > 1
+    generate_remote(server.http_url, "class Queue:", max_tokens=17, policy="confidence")
+    generate_remote(server.grpc_url, prompt, max_tokens=23, protocol="grpc", policy="fixed", temperature=0.9, seed=99)
+    again: dict[str, list[int]] = {}
+    others = [threading.Thread(target=generate_remote, args=(server.grpc_url, p),
+                               kwargs=dict(max_tokens=30, protocol="grpc", stream=True, policy=pol))
+              for p, pol in (("def main(argv):", "survival"), ("for i in range(10):", "plain"))]
+    for t in others:
+        t.start()
+    again["concurrent"] = generate_remote(server.grpc_url, prompt, **kw)["token_ids"]
+    for t in others:
+        t.join()
+    again["alone"] = generate_remote(server.grpc_url, prompt, **kw)["token_ids"]
+    assert again["alone"] == first
+    assert again["concurrent"] == first

@@ -1,7 +1,7 @@
 """A second real server, started with `dspark-trt serve` (the user's command), on a copy of the tiny build's
 repository with MAX_QUEUE 2 and the first draft passes failing (DSPARK_SERVE_FAULTS=draft:3): drafter fallback
 keeps outputs identical and is counted; overload turns speculation off per round and back on; a stopped or
-cancelled request frees its KV slot; SIGTERM leaves no processes and no /dev/shm regions."""
+cancelled request frees its KV slot; SIGTERM leaves no processes, no /dev/shm regions and no run directory."""
 from __future__ import annotations
 
 import os
@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ import tritonclient.grpc as grpcclient
 
 from dspark_trt.errors import RequestError
 from dspark_trt.serve.client import generate_remote, stop_remote
-from dspark_trt.serve.server import SHM_PREFIX, _group_pids, _mapped_shm
+from dspark_trt.serve.server import SHM_PREFIX, _group_pids, _mapped_shm, footprint, leftovers
 
 from .conftest import read_metrics
 
@@ -108,11 +109,13 @@ def test_overload_turns_speculation_off_then_on(fragile, reference) -> None:
     assert alone["stats"]["speculation_off_rounds"] == 0 and alone["stats"]["drafted_tokens"] > 0
 
 
-def _wait_metric(url: str, name: str, above: float) -> dict[str, float]:
-    deadline = time.monotonic() + 60  # waits for the server to notice; not a timing assertion
+def _wait_metrics(url: str, settled: Callable[[dict[str, float]], bool], seconds: float = 60.0) -> dict[str, float]:
+    """Poll the metrics until `settled` holds or the deadline passes (the server updates counters and gauges a
+    moment apart); returns the last reading either way, for the test's own assertions."""
+    deadline = time.monotonic() + seconds
     m = read_metrics(url)
-    while m.get(name, 0.0) <= above and time.monotonic() < deadline:
-        time.sleep(0.2)
+    while not settled(m) and time.monotonic() < deadline:
+        time.sleep(0.1)
         m = read_metrics(url)
     return m
 
@@ -133,7 +136,7 @@ def test_stop_request_frees_kv_slot(fragile) -> None:
     stop_remote(fragile.http_url, "victim", protocol="http")
     t.join()
     assert res["out"]["stats"]["finish_reason"] == "stopped" and len(res["out"]["token_ids"]) < 240
-    m = read_metrics(fragile.metrics_url)
+    m = _wait_metrics(fragile.metrics_url, lambda m: m.get("dspark_active_requests", -1.0) == 0)
     assert m["dspark_cancelled_total"] == before + 1 and m["dspark_active_requests"] == 0
     with pytest.raises(RequestError, match="no in-flight request"):
         stop_remote(fragile.grpc_url, "victim")
@@ -158,20 +161,25 @@ def test_grpc_cancel_on_dspark_model_frees_kv_slot(fragile, reference) -> None:
     assert error is None
     client.stop_stream(cancel_requests=True)
     client.close()
-    m = _wait_metric(fragile.metrics_url, "dspark_cancelled_total", before)
+    m = _wait_metrics(fragile.metrics_url, lambda m: m.get("dspark_cancelled_total", 0.0) > before
+                      and m.get("dspark_active_requests", -1.0) == 0)
     assert m["dspark_cancelled_total"] == before + 1
     assert m["dspark_active_requests"] == 0
     assert generate_remote(fragile.http_url, "def f", max_tokens=4)["token_ids"]  # the freed slot is usable
 
 
 def test_sigterm_stops_cleanly(fragile) -> None:
-    """SIGTERM to `dspark-trt serve`: exit 0, no tritonserver or stub process, no /dev/shm region left."""
+    """SIGTERM to `dspark-trt serve`: exit 0, no tritonserver or stub process, no /dev/shm region, no run directory
+    (dspark_triton_* in the temp dir) left."""
     pgid = fragile.server_pid()
     pids = _group_pids(pgid)
     shm = _mapped_shm(pids)
+    fp = footprint(pgid)
     assert len(pids) > 1 and shm, "expected the server, its stubs and their shm regions"
+    assert fp.run_dir is not None and fp.run_dir.name.startswith("dspark_triton_") and fp.run_dir.is_dir()
     fragile.proc.send_signal(signal.SIGTERM)
     assert fragile.proc.wait() == 0
     assert _group_pids(pgid) == []
     assert not [n for n in shm if (Path("/dev/shm") / n).exists()]
     assert not any(p.name.startswith(SHM_PREFIX) and p.name in shm for p in Path("/dev/shm").iterdir())
+    assert leftovers(fp) == [], "the server left something behind"
