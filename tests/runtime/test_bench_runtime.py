@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,9 +32,13 @@ def test_bench_runs_on_tiny_model_without_llama_cpp(tiny_pair, tmp_path: Path, m
     monkeypatch.setattr(builtins, "__import__", no_llama)
     bench = _bench()
     out, png = tmp_path / "bench.md", tmp_path / "bench.png"
-    rep = bench.main(["--model", str(tiny_pair.target), "--new", "4", "--reps", "1", "--kmax", "2", "--threads", "1",
-                      "--quants", "W8A16", "--llama-gguf", f"q8_0={tmp_path / 'missing.gguf'}", "--out", str(out),
-                      "--plot", str(png)])
+    threads = torch.get_num_threads()
+    try:  # main() sets the thread count: restore it (other tests compare bits with fresh processes)
+        rep = bench.main(["--model", str(tiny_pair.target), "--new", "4", "--reps", "1", "--kmax", "2", "--threads",
+                          "1", "--quants", "W8A16", "--llama-gguf", f"q8_0={tmp_path / 'missing.gguf'}", "--out",
+                          str(out), "--plot", str(png)])
+    finally:
+        torch.set_num_threads(threads)
     assert [r.engine for r in rep.rows] == ["ours bf16", "ours W8A16"]
     assert all(r.tok_s > 0 and r.mb_per_token and r.pct_bw for r in rep.rows)
     assert set(rep.verify) == {"ours bf16", "ours W8A16"} and all(len(c) == 2 for c in rep.verify.values())
