@@ -90,7 +90,8 @@ class DSparkModel(nn.Module):
     def context(self, features: torch.Tensor) -> torch.Tensor:
         """features [B, T, F] → ctx [B, T, d]."""
         f = features.to(self.param_dtype)
-        y = native_product(f, self.fc.weight) if self.fc.bias is None else None
+        plain = type(self.fc) is nn.Linear and self.fc.bias is None  # a quantized / instrumented fc runs its forward
+        y = native_product(f, self.fc.weight) if plain else None
         return self.ctx_norm(self.fc(f) if y is None else y)
 
     def context_kv(self, ctx: torch.Tensor, pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -92,12 +92,20 @@ class DSparkLayer(nn.Module):
         """pos [B, T] → cos, sin [B, 1, T, hd] (callers running several layers compute them once)."""
         return rope_cos_sin(pos, self.head_dim, self.theta, dtype)
 
+    def _np(self, x: torch.Tensor, w: torch.Tensor, **kw: object) -> torch.Tensor | None:
+        """native_product, but only while every projection is a plain nn.Linear: a quantized or instrumented
+        replacement (ModelOpt's QuantLinear during calibration, the build's quantized linears) runs its own forward."""
+        mods = (self.q_proj, self.k_proj, self.v_proj, self.o_proj, self.up_proj, self.gate_proj, self.down_proj)
+        if any(type(m) is not nn.Linear for m in mods):
+            return None
+        return native_product(x, w, **kw)  # type: ignore[arg-type]
+
     def _kv(self, x: torch.Tensor, pos: torch.Tensor,
             rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x [B, T, d], pos [B, T] → k, v [B, Hkv, T, hd] (k rotated)."""
         B, T, _ = x.shape
         cos, sin = rope if rope is not None else self.rope(pos, x.dtype)
-        kv = native_product(x, fused_weight(self, "kv", [self.k_proj.weight, self.v_proj.weight]))  # [B, T, 2·Hkv·hd]
+        kv = self._np(x, fused_weight(self, "kv", [self.k_proj.weight, self.v_proj.weight]))  # [B, T, 2·Hkv·hd]
         if kv is not None:
             k, v = kv.view(B, T, 2, self.kv_heads, self.head_dim).unbind(2)
             return apply_rope(k.transpose(1, 2), cos, sin), v.transpose(1, 2)
@@ -116,7 +124,7 @@ class DSparkLayer(nn.Module):
         B, Q, _ = h.shape
         x = self.input_layernorm(h)
         cos, sin = rope if rope is not None else self.rope(pos, x.dtype)
-        qkv = native_product(x, fused_weight(self, "qkv", [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))
+        qkv = self._np(x, fused_weight(self, "qkv", [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))
         if qkv is not None:  # [B, Q, (H + 2·Hkv)·hd]
             nq = self.heads * self.head_dim
             q = qkv[..., :nq].reshape(B, Q, self.heads, self.head_dim).transpose(1, 2)  # [B, H, Q, hd]
@@ -134,12 +142,12 @@ class DSparkLayer(nn.Module):
             v = v.repeat_interleave(rep, dim=1)
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])  # [B, H, Q, hd]
         o = attn.transpose(1, 2).reshape(B, Q, -1)  # [B, Q, H·hd]
-        fast = native_product(o, self.o_proj.weight, residual=h)
+        fast = self._np(o, self.o_proj.weight, residual=h)
         if fast is None:
             h = h + self.o_proj(o)
             x = self.post_attention_layernorm(h)
             return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         h = fast
         x = self.post_attention_layernorm(h)
-        a = native_product(x, fused_weight(self, "up_gate", [self.up_proj.weight, self.gate_proj.weight]), swiglu=True)
-        return native_product(a, self.down_proj.weight, residual=h)
+        a = self._np(x, fused_weight(self, "up_gate", [self.up_proj.weight, self.gate_proj.weight]), swiglu=True)
+        return self._np(a, self.down_proj.weight, residual=h)
