@@ -201,7 +201,8 @@ def main() -> int:
         served = med.get((f"served threads={t} cap={configs[0].cap or 'build'}", 1))
         inproc = med.get((f"in process threads={t}", 1))
         if served and inproc:
-            lines.append(f"\nthreads={t}: served / in process at concurrency 1 = {served['tok_s'] / inproc['tok_s']:.2f}")
+            ratio = served["tok_s"] / inproc["tok_s"]
+            lines.append(f"\nthreads={t}: served / in process at concurrency 1 = {ratio:.2f}")
         for c in args.concurrency:
             hi = med.get((f"served threads={t} cap={configs[0].cap or 'build'}", c))
             if served and hi and c > 1:

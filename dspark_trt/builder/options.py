@@ -34,7 +34,7 @@ class BuildOptions:
     quant: str = "none"
     kv_quant: str = "none"
     max_draft_len: int = 7  # γ: the DSpark block size the target verifies at most
-    max_batch_size: int = 8
+    max_batch_size: int = 32  # KV slots / engine batch; chosen by measurement (docs/serving.md, "Batch cap")
     max_seq_len: int = 2048
     tp_size: int = 1
     output: str = "build/default"

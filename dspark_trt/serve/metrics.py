@@ -132,7 +132,8 @@ class ServeMetrics:
                 for name, value in obs:
                     self._metrics[name].observe(value)
             except Exception:  # noqa: BLE001 - metrics must never fail a request; the twin keeps the truth
-                log.exception("sending metrics to Triton failed; %d update(s) dropped", len(incs) + len(sets) + len(obs))
+                log.exception("sending metrics to Triton failed; %d update(s) dropped",
+                              len(incs) + len(sets) + len(obs))
 
     def flush_if_due(self, interval: float = FLUSH_INTERVAL_S) -> None:
         if time.monotonic() - self._last_flush >= interval:
