@@ -196,7 +196,7 @@ def finish_reason(backend_reason: str | None) -> str:
 
 class StreamText:
     """The text of one choice, built from streamed token ids: incremental detokenization (serve.text.delta_text,
-    as the postprocessing model does) and stop strings matched on the text. While streaming, the last
+    as the `dspark` model does for the ensembles) and stop strings matched on the text. While streaming, the last
     len(longest stop) − 1 characters are held back so a stop string split across responses is still cut before
     anything of it was sent; the stop string itself is not part of the output (OpenAI's rule)."""
 

@@ -1,7 +1,8 @@
 """Text ↔ token ids for the served pipeline: prompt encoding (optional chat template), stop words packed in
 tensorrtllm_backend's [2, N] layout, and stateless incremental detokenization for streaming.
 
-Owns the `preprocessing` and `postprocessing` models' logic (their model.py files only move tensors).
+Owns the tokenizing logic of the `preprocessing` model and the detokenizing of the `dspark` model's responses
+(`delta_text`, also the OpenAI frontend's); the Triton adapters only move tensors.
 Incremental detokenization without per-request state: each streamed response carries the newly committed ids
 and up to CONTEXT_TOKENS ids committed before them; the delta text is printable(context + new) minus
 printable(context), where printable drops a trailing incomplete UTF-8 character (U+FFFD) until a final
