@@ -36,7 +36,8 @@ from dspark_trt.spec_decode.stats import TimedBackend
 log = logging.getLogger(__name__)
 
 CANCEL_POLL_S = 0.1  # how often the loop asks Triton whether its requests were cancelled
-FAULT_ENV = "DSPARK_SERVE_FAULTS"  # "draft" / "verify": every such pass raises; "draft:N": the first N do (tests)
+FAULT_ENV = "DSPARK_SERVE_FAULTS"  # "draft" / "verify": every such pass raises; "draft:N": the first N do; "slow:MS":
+# every verify pass takes MS ms longer (tests that need a request to stay in flight)
 
 
 class ResponseSink(Protocol):
@@ -71,14 +72,17 @@ class Job:
 
 class FaultyBackend:
     """A Backend proxy that makes draft / verify passes raise, per DSPARK_SERVE_FAULTS (tests of the fallbacks):
-    "draft" / "verify" → every such pass fails, "draft:N" → the first N do."""
+    "draft" / "verify" → every such pass fails, "draft:N" → the first N do, "slow:MS" → verify passes sleep MS ms."""
 
     def __init__(self, inner: Any, faults: str) -> None:
         self._inner = inner
         self._faults = {"draft": 0, "verify": 0}  # passes still to fail (−1: all)
+        self._slow_s = 0.0
         for f in (f.strip() for f in faults.split(",") if f.strip()):
             name, _, count = f.partition(":")
-            if name in self._faults:
+            if name == "slow":
+                self._slow_s = float(count or 0) / 1000.0
+            elif name in self._faults:
                 self._faults[name] = int(count) if count else -1
 
     def __getattr__(self, name: str) -> Any:
@@ -96,6 +100,8 @@ class FaultyBackend:
 
     def verify(self, *args: Any, **kwargs: Any) -> Any:
         self._inject("verify")
+        if self._slow_s:
+            time.sleep(self._slow_s)
         return self._inner.verify(*args, **kwargs)
 
 
@@ -188,6 +194,9 @@ class InflightBatcher:
             try:
                 for job in incoming:
                     self._admit(job)
+                if incoming:  # an arrival shows in the active gauge at once, not at the next periodic flush
+                    self.metrics.set("dspark_active_requests", self.scheduler.active)
+                    self.metrics.flush()
                 for key, sink in stops:
                     self._stop_job(key, sink)
                 self._drop_cancelled(force=bool(incoming or stops))

@@ -6,6 +6,7 @@ streams, and the two commands (`dspark-trt openai`, `dspark-trt serve --openai-p
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -21,7 +22,7 @@ import openai
 import pytest
 
 from dspark_trt.serve.openai_server import OpenAIConfig, OpenAIServer
-from dspark_trt.serve.server import free_port
+from dspark_trt.serve.server import TritonServer, free_port
 from dspark_trt.serve.text import encode_prompt
 
 from .conftest import GAMMA, MAX_SEQ_LEN, read_metrics
@@ -275,9 +276,30 @@ def test_disconnect_mid_stream_frees_kv_slot(client, server, reference) -> None:
     assert ok.choices[0].text == reference.text(reference(PROMPTS[0], 3))
 
 
-def test_disconnect_while_waiting_for_a_whole_answer(frontend, server) -> None:  # noqa: ANN001
+@pytest.fixture(scope="module")
+def slow_server(tiny_build: Path) -> Iterator[TritonServer]:
+    """The tiny build with every verify pass 20 ms longer (DSPARK_SERVE_FAULTS=slow:20): a 240-token answer stays in
+    flight for seconds instead of the tiny model's few milliseconds, so a disconnect always lands mid-answer."""
+    with TritonServer(tiny_build / "model_repo", env=dict(os.environ, DSPARK_SERVE_FAULTS="slow:20")) as srv:
+        yield srv
+
+
+def test_disconnect_while_waiting_for_a_whole_answer(slow_server: TritonServer) -> None:
     """Non-streamed: the client closes its connection while the answer is being generated → request stopped."""
+    server = slow_server
     before = _settled(server.metrics_url).get("dspark_cancelled_total", 0.0)
+    with OpenAIServer(OpenAIConfig(triton_url=server.grpc_url, port=0)) as frontend:
+        _disconnect_mid_answer(frontend, server)
+    m = read_metrics(server.metrics_url)
+    deadline = time.monotonic() + 60
+    while m.get("dspark_cancelled_total", 0.0) <= before and time.monotonic() < deadline:
+        time.sleep(0.2)
+        m = read_metrics(server.metrics_url)
+    assert m["dspark_cancelled_total"] == before + 1
+    assert _settled(server.metrics_url)["dspark_active_requests"] == 0
+
+
+def _disconnect_mid_answer(frontend: OpenAIServer, server: TritonServer) -> None:
     host, port = frontend.url.removeprefix("http://").removesuffix("/v1").split(":")
     body = json.dumps({"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 240, "policy": "plain"}).encode()
     with socket.create_connection((host, int(port)), timeout=30) as sock:
@@ -287,12 +309,6 @@ def test_disconnect_while_waiting_for_a_whole_answer(frontend, server) -> None: 
         while read_metrics(server.metrics_url).get("dspark_active_requests", 0.0) < 1:
             assert time.monotonic() < deadline, "the request never became active"
             time.sleep(0.02)
-    m = read_metrics(server.metrics_url)
-    while m.get("dspark_cancelled_total", 0.0) <= before and time.monotonic() < deadline:
-        time.sleep(0.2)
-        m = read_metrics(server.metrics_url)
-    assert m["dspark_cancelled_total"] == before + 1
-    assert _settled(server.metrics_url)["dspark_active_requests"] == 0
 
 
 def test_eight_concurrent_streams(client, reference) -> None:  # noqa: ANN001

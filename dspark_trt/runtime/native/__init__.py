@@ -10,6 +10,7 @@ Knows nothing about models.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -45,6 +46,14 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def build_dir() -> Path:
+    """Where this kernel source, torch version, flag set and CPU build (and cache) the extension."""
+    src = "\n".join(p.read_text() for p in SOURCES + HEADERS)
+    cpu = " ".join(sorted(f for f in _cpu_flags() if f.startswith(("avx", "amx", "fma", "f16c"))))
+    tag = hashlib.sha256("\n".join([src, torch.__version__, " ".join(FLAGS), cpu]).encode()).hexdigest()[:12]
+    return Path(os.environ.get("DSPARK_CACHE", Path.home() / ".cache" / "dspark_trt")) / "native" / f"dspark_native_{tag}"
+
+
 def _build() -> ModuleType:
     if os.environ.get("DSPARK_NATIVE", "1") == "0":
         raise RuntimeError("disabled by DSPARK_NATIVE=0")
@@ -56,16 +65,19 @@ def _build() -> ModuleType:
         raise RuntimeError(f"the CPU lacks {', '.join(sorted(missing))}")
     from torch.utils import cpp_extension
 
-    src = "\n".join(p.read_text() for p in SOURCES + HEADERS)
-    cpu = " ".join(sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c"))))
-    tag = hashlib.sha256("\n".join([src, torch.__version__, " ".join(FLAGS), cpu]).encode()).hexdigest()[:12]
-    name = f"dspark_native_{tag}"
-    root = Path(os.environ.get("DSPARK_CACHE", Path.home() / ".cache" / "dspark_trt")) / "native" / name
+    root = build_dir()
+    name = root.name
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    ext = cpp_extension.load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
-                             extra_include_paths=[str(HERE)], extra_ldflags=["-fopenmp"], build_directory=str(root),
-                             verbose=False)
+    # One builder at a time, across processes, under an flock the kernel releases when its holder dies. torch's own
+    # baton (a `lock` file in the build directory) outlives a process killed mid-build (a server stopped while its
+    # stub compiled) and then makes every later load wait forever; under the flock such a file is always stale.
+    with open(root.parent / f"{name}.flock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        (root / "lock").unlink(missing_ok=True)
+        ext = cpp_extension.load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
+                                 extra_include_paths=[str(HERE)], extra_ldflags=["-fopenmp"],
+                                 build_directory=str(root), verbose=False)
     log.info("native kernels %s (%s) ready in %.1f s (%s)", name, ext.build_info(), time.perf_counter() - t0, root)
     _prune(root)
     return ext
