@@ -75,8 +75,15 @@ def _build() -> ModuleType:
     with open(root.parent / f"{name}.flock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         (root / "lock").unlink(missing_ok=True)
-        ext = cpp_extension.load(name=name, sources=[str(p) for p in SOURCES], extra_cflags=FLAGS,
-                                 extra_include_paths=[str(HERE)], extra_ldflags=["-fopenmp"],
+        # Compile copies kept in the cache, so every install of this source (the repo, a wheel in a venv) writes the
+        # same build.ninja and reuses one build instead of recompiling whenever another install ran last.
+        src_dir = root / "src"
+        src_dir.mkdir(exist_ok=True)
+        for p in SOURCES + HEADERS:
+            if not (src_dir / p.name).exists() or (src_dir / p.name).read_bytes() != p.read_bytes():
+                (src_dir / p.name).write_bytes(p.read_bytes())
+        ext = cpp_extension.load(name=name, sources=[str(src_dir / p.name) for p in SOURCES], extra_cflags=FLAGS,
+                                 extra_include_paths=[str(src_dir)], extra_ldflags=["-fopenmp"],
                                  build_directory=str(root), verbose=False)
     log.info("native kernels %s (%s) ready in %.1f s (%s)", name, ext.build_info(), time.perf_counter() - t0, root)
     _prune(root)
