@@ -1,5 +1,6 @@
 """The wheel works on its own: build it, install it into a fresh venv (no repository on sys.path), then run
-`dspark-trt build` and `dspark-trt generate --build-dir` on the tiny pair from a directory outside the repository.
+`dspark-trt build`, `dspark-trt generate --build-dir` and `dspark-trt serve` (a real tritonserver, called through
+tritonclient from the same venv) on the tiny pair from a directory outside the repository.
 
 The fresh venv borrows the dependencies (torch, transformers, ...) of the interpreter running the tests through a
 .pth file that names its site-packages directory. A path line in a .pth file is only appended to sys.path: the .pth
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -125,3 +127,28 @@ def test_build_and_generate_from_the_wheel(installed, tiny_pair) -> None:  # noq
     assert data["token_ids"] and isinstance(data["text"], str)
     assert data["stats"]["drafted_tokens"] > 0
     assert "deprecated" not in res.stderr
+    served = _serve_and_request(cli, repo, installed, "class A:", 12)
+    assert served["token_ids"] == data["token_ids"]  # greedy: the served answer is the in-process one
+    assert Path(served["dspark_trt"]).resolve().is_relative_to(installed["site"].resolve())
+
+
+def _serve_and_request(cli: str, repo: Path, installed: dict, prompt: str, n: int) -> dict:
+    """`dspark-trt serve` from the wheel's venv, then one streamed gRPC request through tritonclient from that venv."""
+    env, work = installed["env"], installed["work"]
+    proc = subprocess.Popen([cli, "serve", "--repo", str(repo), "--http-port", "0", "--grpc-port", "0",
+                             "--metrics-port", "0"], cwd=work, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # blocks until READY (or EOF if the command failed)
+        assert line.startswith("READY"), f"`dspark-trt serve` from the wheel did not become ready (exit {proc.wait()})"
+        grpc = dict(kv.split("=", 1) for kv in line.split()[1:])["grpc"]
+        code = ("import json, dspark_trt\n"
+                "from dspark_trt.serve.client import generate_remote\n"
+                f"out = generate_remote({grpc!r}, {prompt!r}, max_tokens={n}, protocol='grpc', stream=True,"
+                " policy='fixed', max_k=3)\n"
+                "print(json.dumps({'token_ids': out['token_ids'], 'dspark_trt': dspark_trt.__file__}))")
+        res = _run([str(installed["py"]), "-c", code], cwd=work, env=env)
+        return json.loads(res.stdout.strip().splitlines()[-1])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
