@@ -41,7 +41,7 @@ import torch
 
 from dspark_trt.errors import InvalidArgumentError, ServeError
 from dspark_trt.spec_decode import accept as spec_accept
-from dspark_trt.spec_decode.loop import LoopConfig, Request, RoundEvent
+from dspark_trt.spec_decode.loop import LoopConfig, Request, RoundEvent, emit_committed
 from dspark_trt.spec_decode.scheduler import PolicyState, observe, plan_drafting, schedule_batch
 from dspark_trt.spec_decode.stats import RoundRecord, SpecStats
 
@@ -90,17 +90,6 @@ def verify_outcome(draft: Sequence[int], new: Sequence[int]) -> tuple[int, list[
     while a < len(draft) and a < len(committed) and committed[a] == int(draft[a]):
         a += 1
     return min(a, len(committed) - 1), committed
-
-
-def _stop_reason(req: Request, tokens: list[int]) -> str | None:
-    if tokens and tokens[-1] in req.eos_ids:
-        return "eos"
-    for s in req.stop_sequences:
-        if len(tokens) >= len(s) and tuple(tokens[-len(s):]) == s:
-            return "stop"
-    if len(tokens) >= req.max_new_tokens:
-        return "length"
-    return None
 
 
 @dataclass
@@ -208,21 +197,7 @@ class TrtllmRoundScheduler:
                           None if s.seed is None else int(s.seed), logits, f"dspark-{act.rid}")
 
     def _emit(self, events: dict[int, RoundEvent], act: _Active, toks: list[int]) -> bool:
-        taken: list[int] = []
-        reason = None
-        for t in toks:
-            act.tokens.append(t)
-            taken.append(t)
-            reason = _stop_reason(act.req, act.tokens)
-            if reason:
-                break
-        ev = events.get(act.rid)
-        if ev is None:
-            events[act.rid] = RoundEvent(act.rid, taken, reason is not None, reason, act.stats)
-        else:
-            ev.new_tokens.extend(taken)
-            ev.finished, ev.finish_reason = reason is not None, reason
-        return reason is not None
+        return emit_committed(events, act.rid, act.req, act.tokens, act.stats, toks)
 
     def _finish(self, act: _Active) -> None:
         del self._active[act.rid]

@@ -94,7 +94,8 @@ class _Active:
         return len(self.req.prompt_ids) + len(self.tokens)
 
 
-def _stop_reason(req: Request, tokens: list[int]) -> str | None:
+def stop_reason(req: Request, tokens: list[int]) -> str | None:
+    """Why a request with these generated tokens is finished ("eos" / "stop" / "length"), or None."""
     if tokens and tokens[-1] in req.eos_ids:
         return "eos"
     for s in req.stop_sequences:
@@ -103,6 +104,27 @@ def _stop_reason(req: Request, tokens: list[int]) -> str | None:
     if len(tokens) >= req.max_new_tokens:
         return "length"
     return None
+
+
+def emit_committed(events: dict[int, RoundEvent], rid: int, req: Request, tokens: list[int], stats: SpecStats,
+                   toks: Sequence[int]) -> bool:
+    """Append a request's committed tokens to `tokens` up to the first stop condition and record them in its round
+    event (events[rid], created or extended). True if the request finished."""
+    taken: list[int] = []
+    reason = None
+    for t in toks:
+        tokens.append(t)
+        taken.append(t)
+        reason = stop_reason(req, tokens)
+        if reason:
+            break
+    ev = events.get(rid)
+    if ev is None:
+        events[rid] = RoundEvent(rid, taken, reason is not None, reason, stats)
+    else:
+        ev.new_tokens.extend(taken)
+        ev.finished, ev.finish_reason = reason is not None, reason
+    return reason is not None
 
 
 class RoundScheduler:
@@ -176,22 +198,7 @@ class RoundScheduler:
         return list(events.values())
 
     def _emit(self, events: dict[int, RoundEvent], act: _Active, toks: list[int]) -> bool:
-        """Append committed tokens up to the first stop condition; record the event. True if finished."""
-        taken: list[int] = []
-        reason = None
-        for t in toks:
-            act.tokens.append(t)
-            taken.append(t)
-            reason = _stop_reason(act.req, act.tokens)
-            if reason:
-                break
-        ev = events.get(act.rid)
-        if ev is None:
-            events[act.rid] = RoundEvent(act.rid, taken, reason is not None, reason, act.stats)
-        else:
-            ev.new_tokens.extend(taken)
-            ev.finished, ev.finish_reason = reason is not None, reason
-        return reason is not None
+        return emit_committed(events, act.rid, act.req, act.tokens, act.stats, toks)
 
     def _first_tokens(self, logits: torch.Tensor, acts: list[_Active]) -> list[int]:
         """logits [B, V] at each prompt end → first generated token (argmax, or a sample keyed on position)."""
