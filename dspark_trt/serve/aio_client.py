@@ -19,7 +19,7 @@ from typing import Any, AsyncIterator
 import numpy as np
 
 from dspark_trt.errors import RequestError, ServeError
-from dspark_trt.serve.client import _DTYPES, GenerationRequest, _array
+from dspark_trt.serve.client import GenerationRequest, infer_inputs
 
 log = logging.getLogger(__name__)
 
@@ -88,13 +88,7 @@ class DsparkAioClient:
         ids = np.asarray([prompt_ids or [0]], dtype=np.int32)  # [1, T]
         t = self._grpc.InferInput("input_ids", list(ids.shape), "INT32")
         t.set_data_from_numpy(ids)
-        inputs = [t]
-        for name, value in fields.items():
-            arr = _array(name, value)
-            x = self._grpc.InferInput(name, list(arr.shape), _DTYPES[name])
-            x.set_data_from_numpy(arr)
-            inputs.append(x)
-        return inputs
+        return [t, *infer_inputs(self._grpc, fields)]
 
     async def stream(self, prompt_ids: list[int], req: GenerationRequest, request_id: str) -> AsyncIterator[IdsChunk]:
         """Generate from prompt ids; yields each response until the final one. `req.prompt` is ignored.

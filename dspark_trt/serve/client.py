@@ -60,14 +60,15 @@ class GenerationRequest:
         return out
 
 
-_DTYPES = {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32", "top_p": "FP32",
+INPUT_TYPES = {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32", "top_p": "FP32",
            "random_seed": "UINT64", "stop_words": "BYTES", "end_id": "INT32", "policy": "BYTES", "min_k": "INT32",
            "max_k": "INT32", "return_stats": "BOOL", "apply_chat_template": "BOOL", "stop": "BOOL"}
 _NP = {"BYTES": np.object_, "INT32": np.int32, "BOOL": np.bool_, "FP32": np.float32, "UINT64": np.uint64}
 
 
-def _array(name: str, value: Any) -> np.ndarray:
-    dt = _DTYPES[name]
+def input_array(name: str, value: Any) -> np.ndarray:
+    """One ensemble input as the array tritonclient sends (dtype from INPUT_TYPES)."""
+    dt = INPUT_TYPES[name]
     if dt == "BYTES":
         vals = value if isinstance(value, list) else [value]
         return np.array([[v.encode("utf-8") if isinstance(v, str) else v for v in vals]], dtype=np.object_)  # [1, n]
@@ -149,11 +150,13 @@ def _text(v: Any) -> str:
     return "" if v is None else str(v)
 
 
-def _grpc_inputs(grpcclient: Any, req: GenerationRequest) -> list[Any]:
+def infer_inputs(module: Any, fields: dict[str, Any]) -> list[Any]:
+    """`fields` (input name → value, as GenerationRequest.fields()) as InferInputs of `module` (tritonclient.grpc,
+    .grpc.aio or .http)."""
     inputs = []
-    for name, value in req.fields().items():
-        arr = _array(name, value)
-        t = grpcclient.InferInput(name, list(arr.shape), _DTYPES[name])
+    for name, value in fields.items():
+        arr = input_array(name, value)
+        t = module.InferInput(name, list(arr.shape), INPUT_TYPES[name])
         t.set_data_from_numpy(arr)
         inputs.append(t)
     return inputs
@@ -175,7 +178,7 @@ def _grpc(url: str, req: GenerationRequest, model: str, timeout: float, on_text:
     from tritonclient.utils import InferenceServerException  # noqa: PLC0415
 
     client = grpcclient.InferenceServerClient(url)
-    inputs = _grpc_inputs(grpcclient, req)
+    inputs = infer_inputs(grpcclient, req.fields())
     outputs = [grpcclient.InferRequestedOutput(n) for n in ("text_output", "output_ids", "stats")]
     res = _Result(on_text)
     if not req.stream:
