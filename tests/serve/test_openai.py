@@ -255,7 +255,27 @@ def _settled(url: str) -> dict[str, float]:
     return m
 
 
-def test_disconnect_mid_stream_frees_kv_slot(client, server, reference) -> None:  # noqa: ANN001
+@pytest.fixture(scope="module")
+def slow_server(tiny_build: Path) -> Iterator[TritonServer]:
+    """The tiny build with every verify pass 20 ms longer (DSPARK_SERVE_FAULTS=slow:20): a 240-token answer stays in
+    flight for seconds instead of the tiny model's few milliseconds, so a disconnect always lands mid-answer."""
+    with TritonServer(tiny_build / "model_repo", env=dict(os.environ, DSPARK_SERVE_FAULTS="slow:20")) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def slow_frontend(slow_server: TritonServer) -> Iterator[OpenAIServer]:
+    with OpenAIServer(OpenAIConfig(triton_url=slow_server.grpc_url, port=0)) as fe:
+        yield fe
+
+
+@pytest.fixture(scope="module")
+def slow_client(slow_frontend: OpenAIServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=slow_frontend.url, api_key="x", max_retries=0, timeout=300)
+
+
+def test_disconnect_mid_stream_frees_kv_slot(slow_client, slow_server, reference) -> None:  # noqa: ANN001
+    client, server = slow_client, slow_server
     before = _settled(server.metrics_url).get("dspark_cancelled_total", 0.0)
     stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": PROMPTS[7]}],
                                             max_tokens=200, stream=True, extra_body={"policy": "plain"})
@@ -276,20 +296,11 @@ def test_disconnect_mid_stream_frees_kv_slot(client, server, reference) -> None:
     assert ok.choices[0].text == reference.text(reference(PROMPTS[0], 3))
 
 
-@pytest.fixture(scope="module")
-def slow_server(tiny_build: Path) -> Iterator[TritonServer]:
-    """The tiny build with every verify pass 20 ms longer (DSPARK_SERVE_FAULTS=slow:20): a 240-token answer stays in
-    flight for seconds instead of the tiny model's few milliseconds, so a disconnect always lands mid-answer."""
-    with TritonServer(tiny_build / "model_repo", env=dict(os.environ, DSPARK_SERVE_FAULTS="slow:20")) as srv:
-        yield srv
-
-
-def test_disconnect_while_waiting_for_a_whole_answer(slow_server: TritonServer) -> None:
+def test_disconnect_while_waiting_for_a_whole_answer(slow_frontend: OpenAIServer, slow_server: TritonServer) -> None:
     """Non-streamed: the client closes its connection while the answer is being generated → request stopped."""
     server = slow_server
     before = _settled(server.metrics_url).get("dspark_cancelled_total", 0.0)
-    with OpenAIServer(OpenAIConfig(triton_url=server.grpc_url, port=0)) as frontend:
-        _disconnect_mid_answer(frontend, server)
+    _disconnect_mid_answer(slow_frontend, server)
     m = read_metrics(server.metrics_url)
     deadline = time.monotonic() + 60
     while m.get("dspark_cancelled_total", 0.0) <= before and time.monotonic() < deadline:

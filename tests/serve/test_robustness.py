@@ -1,5 +1,7 @@
 """A second real server, started with `dspark-trt serve` (the user's command), on a copy of the tiny build's
-repository with MAX_QUEUE 2 and the first draft passes failing (DSPARK_SERVE_FAULTS=draft:3): drafter fallback
+repository with MAX_QUEUE 2, the first draft passes failing and every verify pass 5 ms slower
+(DSPARK_SERVE_FAULTS=draft:3,slow:5: a 240-token answer then lasts over a second, so a stop or a cancel always
+lands while it runs, however fast the machine): drafter fallback
 keeps outputs identical and is counted; overload turns speculation off per round and back on; a stopped or
 cancelled request frees its KV slot; SIGTERM leaves no processes, no /dev/shm regions and no run directory."""
 from __future__ import annotations
@@ -30,6 +32,7 @@ from .conftest import read_metrics
 pytestmark = pytest.mark.triton
 
 FAILING_DRAFTS = 3
+SLOW_MS = 5  # per verify pass
 
 
 @dataclass
@@ -62,7 +65,7 @@ def fragile(tiny_build: Path, tmp_path_factory: pytest.TempPathFactory):  # noqa
     text = re.sub(r'(key: "MAX_QUEUE" value: \{ string_value: ")\d+', r"\g<1>2", cfg.read_text())
     assert 'key: "MAX_QUEUE" value: { string_value: "2" }' in text
     cfg.write_text(text)
-    env = dict(os.environ, DSPARK_SERVE_FAULTS=f"draft:{FAILING_DRAFTS}")
+    env = dict(os.environ, DSPARK_SERVE_FAULTS=f"draft:{FAILING_DRAFTS},slow:{SLOW_MS}")
     proc = subprocess.Popen([sys.executable, "-m", "dspark_trt.cli", "serve", "--repo", str(repo), "--http-port", "0",
                              "--grpc-port", "0", "--metrics-port", "0"], stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
