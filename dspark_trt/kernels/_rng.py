@@ -17,6 +17,7 @@ STREAM_ACCEPT: tl.constexpr = tl.constexpr(_ref.STREAM_ACCEPT)
 STREAM_RESAMPLE: tl.constexpr = tl.constexpr(_ref.STREAM_RESAMPLE)
 STREAM_DRAFT: tl.constexpr = tl.constexpr(_ref.STREAM_DRAFT)
 U_OFFSET: tl.constexpr = tl.constexpr(2.0 ** -25)  # spec_decode.accept._U_OFFSET
+RACE_BIG_IDX: tl.constexpr = tl.constexpr(2147483647)  # "no lane": larger than any vocabulary index
 
 
 @triton.jit
@@ -45,3 +46,14 @@ def race_denominator(seed, position, stream: tl.constexpr, lane):
     """e = -log(u + 2**-25) in float32: the exponential-race divisor of spec_decode.accept.exponential_race."""
     u = uniform(seed, position, stream, lane)
     return -tl.log(u + U_OFFSET)
+
+
+@triton.jit
+def race_chunk(p, mask, e, idx, best, arg):
+    """One vocabulary chunk of the exponential race: lanes idx with weights p (masked by mask) and divisors e
+    (race_denominator) against the running (best score, arg) → the updated (best, arg); ties go to the lowest
+    index, as in the reference."""
+    sc = tl.where(mask, p / e, -1.0)
+    tb = tl.max(sc, axis=0)
+    ib = tl.min(tl.where(sc == tb, idx, RACE_BIG_IDX), axis=0)
+    return tl.maximum(best, tb), tl.where(tb > best, ib, arg)

@@ -32,11 +32,7 @@ def write_q_and_race(qrow, V, m, s, am, sampled, seed, pos, offs_v, BLOCK_V: tl.
         p = tl.where(sampled, p, tl.where(idx == am, 1.0, 0.0))
         tl.store(qrow + idx, p, mask=vmask)
         e = _rng.race_denominator(seed, pos, _rng.STREAM_DRAFT, idx)
-        sc = tl.where(vmask, p / e, -1.0)
-        tb = tl.max(sc, axis=0)
-        ib = tl.min(tl.where(sc == tb, idx, BIG_IDX), axis=0)
-        arg = tl.where(tb > best, ib, arg)
-        best = tl.maximum(best, tb)
+        best, arg = _rng.race_chunk(p, vmask, e, idx, best, arg)
     return arg
 
 

@@ -13,7 +13,7 @@ import torch
 import triton
 
 from dspark_trt.kernels.block_draft.kernel import markov_block_kernel
-from dspark_trt.kernels.block_draft.reference import MarkovBlock, check_shapes
+from dspark_trt.kernels.block_draft.reference import MarkovBlock, check_shapes, empty_block
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +74,11 @@ def markov_block(
     u = backbone_logits if backbone_logits.stride(-1) == 1 else backbone_logits.contiguous()
     w1 = w1.contiguous()
     w2 = w2.contiguous()
-    tokens = torch.empty(b, gamma, dtype=torch.int64, device=dev)
-    q = torch.empty(b, gamma, vd, dtype=torch.float32, device=dev)
     has_conf = conf_bias is not None and w_conf is not None
-    conf = torch.empty(b, gamma, dtype=torch.float32, device=dev) if has_conf else None
+    out = empty_block(b, gamma, vd, dev, has_conf)
+    tokens, q, conf = out.tokens, out.q, out.conf
     if b == 0 or gamma == 0:
-        return MarkovBlock(tokens, q, conf)
+        return out
     f32 = dict(device=dev, dtype=torch.float32)
     cb = conf_bias.to(**f32).contiguous() if has_conf else q
     wc = w_conf.to(**f32).contiguous() if has_conf else q

@@ -37,6 +37,13 @@ class MarkovBlock(NamedTuple):
     conf: torch.Tensor | None  # [B, γ] float32 confidences (None without a confidence head)
 
 
+def empty_block(b: int, gamma: int, vd: int, device: torch.device, with_conf: bool) -> MarkovBlock:
+    """Output buffers of a launch: tokens [B, γ] int64, q [B, γ, Vd] f32, conf [B, γ] f32 (None without conf)."""
+    return MarkovBlock(torch.empty(b, gamma, dtype=torch.int64, device=device),
+                       torch.empty(b, gamma, vd, dtype=torch.float32, device=device),
+                       torch.empty(b, gamma, dtype=torch.float32, device=device) if with_conf else None)
+
+
 def draft_race(
     weights: torch.Tensor,  # [B, V] float32 ≥ 0
     seeds: torch.Tensor,  # [B] int64

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from dspark_trt.kernels import _rng
 from dspark_trt.kernels.block_draft.kernel import write_q_and_race
-from dspark_trt.kernels.block_draft.reference import MarkovBlock, check_shapes
+from dspark_trt.kernels.block_draft.reference import MarkovBlock, check_shapes, empty_block
 
 NEG_INF: tl.constexpr = tl.constexpr(float("-inf"))
 BIG_IDX: tl.constexpr = tl.constexpr(2147483647)
@@ -161,12 +161,11 @@ def markov_block_split(
     dev = backbone_logits.device
     u = backbone_logits if backbone_logits.stride(-1) == 1 else backbone_logits.contiguous()
     w1, w2 = w1.contiguous(), w2.to(w1.dtype).contiguous()
-    tokens = torch.empty(b, gamma, dtype=torch.int64, device=dev)
-    q = torch.empty(b, gamma, vd, dtype=torch.float32, device=dev)
     has_conf = conf_bias is not None and w_conf is not None
-    conf = torch.empty(b, gamma, dtype=torch.float32, device=dev) if has_conf else None
+    out = empty_block(b, gamma, vd, dev, has_conf)
+    tokens, q, conf = out.tokens, out.q, out.conf
     if b == 0 or gamma == 0:
-        return MarkovBlock(tokens, q, conf)
+        return out
     f32 = dict(device=dev, dtype=torch.float32)
     temp = temperature.to(**f32).expand(b).contiguous()
     seeds = (seeds.to(device=dev, dtype=torch.int64).expand(b) & 0xFFFFFFFF).contiguous()

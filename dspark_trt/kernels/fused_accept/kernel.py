@@ -187,20 +187,12 @@ def accept_finalize_kernel(
                 x = tl.load(xrow + idx, mask=mask, other=NEG_INF).to(tl.float32) / t
                 p = tl.exp(x - m_c) / s_c  # [BLOCK_V] serving distribution at the committed position
                 e = _rng.race_denominator(seed, pos, _rng.STREAM_RESAMPLE, idx)
-                sp = tl.where(mask, p / e, -1.0)
-                tp = tl.max(sp, axis=0)
-                ip = tl.min(tl.where(sp == tp, idx, BIG_IDX), axis=0)
-                arg_p = tl.where(tp > best_p, ip, arg_p)
-                best_p = tl.maximum(best_p, tp)
+                best_p, arg_p = _rng.race_chunk(p, mask, e, idx, best_p, arg_p)
                 if rejected:
                     qv = tl.load(qrow + idx, mask=mask, other=0.0).to(tl.float32)
                     r = tl.maximum(p - qv, 0.0)
                     any_pos = tl.maximum(any_pos, tl.max(tl.where(mask & (r > 0.0), 1, 0), axis=0))
-                    sr = tl.where(mask, r / e, -1.0)
-                    tr = tl.max(sr, axis=0)
-                    ir = tl.min(tl.where(sr == tr, idx, BIG_IDX), axis=0)
-                    arg_r = tl.where(tr > best_r, ir, arg_r)
-                    best_r = tl.maximum(best_r, tr)
+                    best_r, arg_r = _rng.race_chunk(r, mask, e, idx, best_r, arg_r)
             use_r = rejected & (any_pos > 0)
             next_tok = tl.where(use_r, arg_r, arg_p).to(tl.int64)
     tl.store(next_ptr + b, next_tok)
