@@ -123,13 +123,13 @@ class StreamClient:
             self.client.close()
 
     def run(self, sample: Sample, prompt: str, max_tokens: int, policy: str | None) -> Sample:
-        from dspark_trt.serve.client import GenerationRequest, _grpc_inputs  # noqa: PLC0415
+        from dspark_trt.serve.client import GenerationRequest, infer_inputs  # noqa: PLC0415
 
         req = GenerationRequest(prompt=prompt, max_tokens=max_tokens, stream=True, policy=policy, return_stats=False)
         outputs = [self.grpc.InferRequestedOutput("output_ids")]
         sample.t_send = last = time.monotonic()
         try:
-            self.client.async_stream_infer(MODEL, _grpc_inputs(self.grpc, req), outputs=outputs,
+            self.client.async_stream_infer(MODEL, infer_inputs(self.grpc, req.fields()), outputs=outputs,
                                            request_id=uuid.uuid4().hex, enable_empty_final_response=True)
             while True:
                 try:
