@@ -185,6 +185,10 @@ class DSparkDrafter:
         self._k: list[torch.Tensor] = []
         self._v: list[torch.Tensor] = []
         self._len = torch.zeros(0, dtype=torch.long)
+        # slot → committed features not yet in the context KV: (first position, features [n, F]). extend_context only
+        # queues them; the next propose for the slot projects them all in one pass (a 1-token extension costs about
+        # as much as a 32-token one, and rounds that do not draft should cost the drafter nothing).
+        self._pending: dict[int, list[tuple[int, torch.Tensor]]] = {}
 
     @property
     def device(self) -> torch.device:
@@ -197,6 +201,7 @@ class DSparkDrafter:
         self._k = [torch.zeros(shape, dtype=dt, device=self.device) for _ in range(c.num_hidden_layers)]
         self._v = [torch.zeros(shape, dtype=dt, device=self.device) for _ in range(c.num_hidden_layers)]
         self._len = torch.zeros(max_batch, dtype=torch.long)
+        self._pending = {}
         self.max_seq = max_seq
 
     def _check_slots(self, slots: torch.Tensor) -> list[int]:
@@ -218,19 +223,29 @@ class DSparkDrafter:
             raise DrafterError(f"Features have width {features.shape[-1]} but the drafter expects "
                                f"{self.cfg.feature_size} = {len(self.target_layer_ids)} taps × {self.cfg.hidden_size}. "
                                "Fix: tap exactly drafter.target_layer_ids, in that order.")
-        B, T = tokens.shape
         start = self._len[s]  # [B]
         if int((start + lengths.cpu()).max()) > self.max_seq:
             raise DrafterError(f"Drafter context would exceed max_seq={self.max_seq}. Fix: allocate a larger max_seq.")
-        pos = (start[:, None] + torch.arange(T)).to(self.device)  # [B, T]
-        ctx = self.model.context(features.to(self.device))
-        kv = self.model.context_kv(ctx, pos)
         for r, slot in enumerate(s):
             n, p0 = int(lengths[r]), int(start[r])
-            for li, (k, v) in enumerate(kv):
-                self._k[li][slot, :, p0:p0 + n] = k[r, :, :n]
-                self._v[li][slot, :, p0:p0 + n] = v[r, :, :n]
+            if n:
+                self._pending.setdefault(slot, []).append((p0, features[r, :n].detach().clone()))  # [n, F]
             self._len[slot] = p0 + n
+
+    def _flush(self, slots: Sequence[int]) -> None:
+        """Project the queued features of these slots into their context KV (one pass per slot)."""
+        for slot in slots:
+            chunks = self._pending.pop(slot, None)
+            if not chunks:
+                continue
+            p0 = chunks[0][0]
+            feats = torch.cat([f for _, f in chunks]).to(self.device)[None]  # [1, n, F]
+            n = feats.shape[1]
+            pos = torch.arange(p0, p0 + n, device=self.device)[None]  # [1, n]
+            kv = self.model.context_kv(self.model.context(feats), pos)
+            for li, (k, v) in enumerate(kv):
+                self._k[li][slot, :, p0:p0 + n] = k[0]
+                self._v[li][slot, :, p0:p0 + n] = v[0]
 
     def context_length(self, slot: int) -> int:
         return int(self._len[slot])
@@ -244,6 +259,7 @@ class DSparkDrafter:
         if not 1 <= gamma <= self.gamma:
             raise DrafterError(f"gamma={gamma} outside 1..{self.gamma} (the drafter's block_size). "
                                "Fix: ask for at most block_size tokens.")
+        self._flush(s)
         m, G, dev = self.model, self.gamma, self.device
         lens = self._len[s].to(dev)  # [B] context length = position of the anchor
         pos_d1 = lens + 1 if positions is None else torch.as_tensor(positions).to(dev)  # [B]
@@ -279,5 +295,6 @@ class DSparkDrafter:
                           conf=None if conf is None else conf.float().cpu())
 
     def release(self, slot: int) -> None:
+        self._pending.pop(slot, None)
         if 0 <= slot < len(self._len):
             self._len[slot] = 0
