@@ -27,7 +27,7 @@ from dspark_trt.spec_decode.loop import GenerateResult, LoopConfig
 from dspark_trt.spec_decode.loop import generate as loop_generate
 from dspark_trt.spec_decode.sampling import SamplingParams
 from dspark_trt.spec_decode.policies import POLICIES, resolve_policy_alias
-from dspark_trt.spec_decode.scheduler import CostTable, PolicyConfig
+from dspark_trt.spec_decode.scheduler import CostTable, GateMemory, PolicyConfig
 from dspark_trt.spec_decode.stats import TimedBackend
 
 log = logging.getLogger(__name__)
@@ -167,6 +167,7 @@ class SpeculativeDecodingEngine:
 
             cost_table = profile_costs(backend, draft_length + 1, reps=3)
         self.loop_config = LoopConfig(gamma=draft_length, cost_table=cost_table or CostTable.linear())
+        self.gate = GateMemory()  # the survival gate carries across this engine's requests
         self._backend = TimedBackend(backend)
         self.eos_ids = tuple(sorted(_eos_set(self.target.config)
                                     | ({int(tokenizer.eos_token_id)} if getattr(tokenizer, "eos_token_id", None)
@@ -192,7 +193,7 @@ class SpeculativeDecodingEngine:
         b.reset()
         start = time.perf_counter()
         res = loop_generate(b, prompt_ids, min(max_new_tokens, room), sp, policy or self.policy, self.eos_ids,
-                            stop_sequences, self.loop_config)
+                            stop_sequences, self.loop_config, self.gate)
         wall = time.perf_counter() - start
         self.last_result = res
         self._stats = self._summarise(res, wall, b.seconds["verify"], b.calls["verify"], b.seconds["draft"],

@@ -42,7 +42,7 @@ import torch
 from dspark_trt.errors import InvalidArgumentError, ServeError
 from dspark_trt.spec_decode import accept as spec_accept
 from dspark_trt.spec_decode.loop import LoopConfig, Request, RoundEvent, emit_committed
-from dspark_trt.spec_decode.scheduler import PolicyState, observe, plan_drafting, schedule_batch
+from dspark_trt.spec_decode.scheduler import GateMemory, PolicyState, observe, plan_drafting, schedule_batch
 from dspark_trt.spec_decode.stats import RoundRecord, SpecStats
 
 log = logging.getLogger(__name__)
@@ -123,6 +123,7 @@ class TrtllmRoundScheduler:
         self.target_model, self.draft_model = target_model, draft_model
         self.speculate = speculate
         self._observe = observe
+        self.gate = GateMemory()  # the survival gate across requests
         self._ids = itertools.count()
         self._waiting: list[tuple[int, Request]] = []
         self._active: dict[int, _Active] = {}
@@ -208,7 +209,7 @@ class TrtllmRoundScheduler:
         if n <= 0:
             return
         batch, self._waiting = self._waiting[:n], self._waiting[n:]
-        acts = [_Active(rid, req, PolicyState.initial(req.policy)) for rid, req in batch]
+        acts = [_Active(rid, req, PolicyState.initial(req.policy, self.gate)) for rid, req in batch]
         replies = self._fan_out("prefill", self.target_model, [self._call(a, 1) for a in acts])
         for act, rep in zip(acts, replies):
             if rep.error or not rep.tokens:
@@ -273,7 +274,7 @@ class TrtllmRoundScheduler:
     def _round(self, events: dict[int, RoundEvent]) -> None:
         acts = list(self._active.values())
         cfgs, states = [a.req.policy for a in acts], [a.state for a in acts]
-        caps = plan_drafting(cfgs, states, self._caps(acts), self.config.cost_table)
+        caps = plan_drafting(cfgs, states, self._caps(acts), self.config.cost_table, self.gate)
         drafts, failed = self._draft(acts, caps)
         caps = [len(drafts.get(i, ())) for i in range(len(acts))]
         ks = schedule_batch(cfgs, states, caps, None, self.config.cost_table)
@@ -286,7 +287,7 @@ class TrtllmRoundScheduler:
                 raise ServeError(f"the target engine failed a verify request: {rep.error}")
             n_acc, toks = verify_outcome(call.draft_ids, rep.tokens)
             top1, margin = self._signals(act, rep, ks[i])
-            conf = observe(act.req.policy, act.state, ks[i], n_acc, top1, margin)
+            conf = observe(act.req.policy, act.state, ks[i], n_acc, top1, margin, self.gate)
             before = len(act.tokens)
             done = self._emit(events, act, toks)
             rec = RoundRecord(ks[i], n_acc, conf, len(act.tokens) - before, fallback=i in failed)

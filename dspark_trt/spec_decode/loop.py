@@ -28,8 +28,8 @@ from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode import accept as spec_accept
 from dspark_trt.spec_decode.accept import AcceptResult
 from dspark_trt.spec_decode.protocols import Backend, DraftBlock, SamplingParams
-from dspark_trt.spec_decode.scheduler import (CostTable, PolicyConfig, PolicyState, observe, plan_drafting,
-                                              schedule_batch)
+from dspark_trt.spec_decode.scheduler import (CostTable, GateMemory, PolicyConfig, PolicyState, observe,
+                                              plan_drafting, schedule_batch)
 from dspark_trt.spec_decode.stats import RoundRecord, SpecStats
 
 log = logging.getLogger(__name__)
@@ -133,12 +133,16 @@ class RoundScheduler:
     speculate: True → each request drafts and verifies up to its policy's K; False → plain rounds (K = 0 for
     everyone, drafter not called), same output, no drafting cost. Read at every step(), so a caller may flip it
     between steps (serve.worker does under overload).
+    gate: the survival gate's memory across requests (GateMemory); pass the same one to schedulers that serve
+    one stream of requests (SpeculativeDecodingEngine does), default a fresh one.
     """
 
-    def __init__(self, backend: Backend, config: LoopConfig = LoopConfig(), speculate: bool = True) -> None:
+    def __init__(self, backend: Backend, config: LoopConfig = LoopConfig(), speculate: bool = True,
+                 gate: GateMemory | None = None) -> None:
         self.backend = backend
         self.config = config
         self.speculate = speculate
+        self.gate = GateMemory() if gate is None else gate
         self._ids = itertools.count()
         self._waiting: list[tuple[int, Request]] = []
         self._active: dict[int, _Active] = {}
@@ -220,7 +224,8 @@ class RoundScheduler:
         if n == 0:
             return
         batch, self._waiting = self._waiting[:n], self._waiting[n:]
-        acts = [_Active(rid, req, self._free.pop(0), PolicyState.initial(req.policy)) for rid, req in batch]
+        acts = [_Active(rid, req, self._free.pop(0), PolicyState.initial(req.policy, self.gate))
+                for rid, req in batch]
         logits = self.backend.prefill([a.slot for a in acts], [list(a.req.prompt_ids) for a in acts])  # [B, V]
         for act, tok in zip(acts, self._first_tokens(logits, acts)):
             self._active[act.rid] = act
@@ -285,7 +290,7 @@ class RoundScheduler:
         acts = list(self._active.values())
         b = len(acts)
         caps = plan_drafting([a.req.policy for a in acts], [a.state for a in acts], self._caps(acts),
-                             self.config.cost_table)  # survival rows the drafter cannot pay for are not drafted
+                             self.config.cost_table, self.gate)  # survival rows the drafter cannot pay for: not drafted
         block, rows, failed = self._draft(acts, caps)
         gamma = max((caps[i] for i in rows), default=0)
         conf_all = None
@@ -314,7 +319,7 @@ class RoundScheduler:
         self.batched_rounds += 1
         for i, act in enumerate(acts):
             n_acc = int(res.accepted[i])
-            conf = observe(act.req.policy, act.state, ks[i], n_acc, res.top1[i], res.margin[i])
+            conf = observe(act.req.policy, act.state, ks[i], n_acc, res.top1[i], res.margin[i], self.gate)
             toks = res.committed(draft, i)
             before = len(act.tokens)
             done = self._emit(events, act, toks)
@@ -343,9 +348,10 @@ def generate(
     eos_ids: Sequence[int] = (),
     stop_sequences: Sequence[Sequence[int]] = (),
     config: LoopConfig = LoopConfig(),
+    gate: GateMemory | None = None,
 ) -> GenerateResult:
-    """Run one request to completion."""
-    sched = RoundScheduler(backend, config)
+    """Run one request to completion (`gate`: the survival gate's memory of earlier requests, see RoundScheduler)."""
+    sched = RoundScheduler(backend, config, gate=gate)
     rid = sched.add(Request(tuple(int(t) for t in prompt_ids), max_new_tokens, sampling, policy,
                             tuple(int(e) for e in eos_ids), tuple(tuple(int(t) for t in s) for s in stop_sequences)))
     tokens: list[int] = []

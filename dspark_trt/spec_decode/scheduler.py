@@ -15,7 +15,9 @@ Policies:
   batch, by greedy admission of (request, position) pairs in descending a, stopping at the first drop; floor K = 0.
   Before drafting, `plan_drafting` weighs the drafter's own cost too: a request whose observed acceptance cannot
   pay for a drafter pass plus the extra verify tokens is not drafted (K = 0, drafter not run) for a backoff of
-  1, 2, 4, … rounds, then probed again — so a useless drafter costs little more than plain decoding.
+  1, 2, 4, … rounds, then probed again — so a useless drafter costs little more than plain decoding. A
+  `GateMemory` carries the gate across requests (the observed survival and the backoff of one engine or server):
+  a new request starts from what earlier requests measured, so short requests do not each re-probe from scratch.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from dspark_trt.spec_decode.confidence import (ConfidenceWeights, confidence_sco
                                                fallback_survival, round_signals, survival)
 from dspark_trt.spec_decode.policies import POLICIES, canonical_policy
 
-__all__ = ["POLICIES", "PolicyConfig", "PolicyState", "CostTable", "plan_survival", "plan_drafting",
+__all__ = ["POLICIES", "PolicyConfig", "PolicyState", "GateMemory", "CostTable", "plan_survival", "plan_drafting",
            "drafting_gain", "observe_survival", "schedule_batch", "confidence_next_k"]
 
 
@@ -87,9 +89,39 @@ class PolicyState:
     probe: bool = True  # survival gate: draft this round whatever the estimate says (first round, after a skip)
 
     @classmethod
-    def initial(cls, cfg: PolicyConfig) -> "PolicyState":
+    def initial(cls, cfg: PolicyConfig, memory: "GateMemory | None" = None) -> "PolicyState":
+        """A new request's state; a gated survival request starts from `memory` (what earlier requests measured)."""
         k = {"plain": 0, "fixed": cfg.k, "confidence": cfg.min_k, "survival": cfg.max_k}[cfg.policy]
-        return cls(k=k, ema=cfg.weights.ema_init)
+        st = cls(k=k, ema=cfg.weights.ema_init)
+        if memory is not None and cfg.policy == "survival" and cfg.gate and memory.survival_est:
+            st.survival_est = list(memory.survival_est)
+            st.observed = min(memory.observed, GateMemory.PRIOR_ROUNDS)  # its own rounds soon outweigh the prior
+            st.backoff = min(memory.backoff, cfg.max_backoff)
+            st.skip_left = min(memory.skip_left, cfg.max_backoff)  # a skip in progress goes on
+            st.probe = memory.probe  # else decided by the inherited estimate
+        return st
+
+
+@dataclass
+class GateMemory:
+    """The survival gate across requests of one engine or server: the observed survival P(accepted ≥ j) over all
+    gated rounds (EMA) and the current backoff. Requests read it when they start (PolicyState.initial) and fold
+    their rounds and gate decisions into it, so a drafter that does not pay is probed every max_backoff rounds of
+    the whole stream instead of 1, 2, 4, … rounds into every request. Mutable, one per RoundScheduler owner;
+    with several gated requests in flight it follows the one decided last."""
+
+    PRIOR_ROUNDS = 3  # a new request weighs the shared estimate like this many of its own rounds
+    survival_est: list[float] = field(default_factory=list)
+    observed: int = 0
+    backoff: int = 1  # length of the next skip
+    skip_left: int = 0  # rounds of the current skip still to go
+    probe: bool = False  # the next round is a probe
+
+    def observe(self, k: int, accepted: int, floor_weight: float = 0.1) -> None:
+        """Fold one verified gated round (k ≥ 1) into the shared estimate (running mean, then EMA)."""
+        self.observed += 1
+        w = max(1.0 / self.observed, floor_weight)
+        _fold(self.survival_est, k, accepted, w)
 
 
 def confidence_next_k(cfg: PolicyConfig, conf: float, current_k: int, k: int, accepted: int) -> int:
@@ -105,7 +137,7 @@ def confidence_next_k(cfg: PolicyConfig, conf: float, current_k: int, k: int, ac
 
 
 def observe(cfg: PolicyConfig, state: PolicyState, k: int, accepted: int,
-            top1: torch.Tensor, margin: torch.Tensor) -> float:
+            top1: torch.Tensor, margin: torch.Tensor, memory: GateMemory | None = None) -> float:
     """Update `state` after a verified round (top1/margin [K+1] of this row) → the confidence-formula value.
     The acceptance EMA only moves on rounds that verified something (k ≥ 1). Computed for every policy (it is
     logged); only the confidence policy uses it to set K."""
@@ -113,6 +145,8 @@ def observe(cfg: PolicyConfig, state: PolicyState, k: int, accepted: int,
     if k >= 1:
         state.ema = ema_update(state.ema, accepted / k, cfg.weights.ema_weight)
         observe_survival(state, k, accepted)
+        if memory is not None and cfg.policy == "survival" and cfg.gate:
+            memory.observe(k, accepted)
     conf = confidence_score(avg_top1, avg_margin, state.ema, cfg.weights)
     if cfg.policy == "confidence":
         state.k = confidence_next_k(cfg, conf, state.k, k, accepted)
@@ -219,8 +253,11 @@ def observe_survival(state: PolicyState, k: int, accepted: int, floor_weight: fl
     """Fold one verified round (k ≥ 1 tokens, `accepted` of them kept) into the observed survival estimate
     P(accepted ≥ j): a running mean over the first rounds, then an EMA with weight `floor_weight`."""
     state.observed += 1
-    w = max(1.0 / state.observed, floor_weight)
-    est = state.survival_est
+    _fold(state.survival_est, k, accepted, max(1.0 / state.observed, floor_weight))
+
+
+def _fold(est: list[float], k: int, accepted: int, w: float) -> None:
+    """est[j-1] ← (1 − w)·est[j-1] + w·[accepted ≥ j] for j = 1..k (new positions start at the hit)."""
     for j in range(1, k + 1):
         hit = 1.0 if accepted >= j else 0.0
         if j <= len(est):
@@ -249,10 +286,11 @@ def drafting_gain(est: Sequence[float], cap: int, rows: int, table: CostTable) -
 
 
 def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], caps: Sequence[int],
-                  table: CostTable) -> list[int]:
+                  table: CostTable, memory: GateMemory | None = None) -> list[int]:
     """Draft caps for one round before the drafter runs: survival rows whose observed acceptance cannot pay for a
     drafter pass and its verify tokens get 0 (not drafted) for 1, 2, 4, … rounds (up to max_backoff), then one
-    probe round drafts again whatever the estimate says. Other policies keep their caps. Updates `states`."""
+    probe round drafts again whatever the estimate says. Other policies keep their caps. Updates `states` (and
+    `memory`'s backoff and skip: the next request continues them)."""
     out = [max(0, int(c)) for c in caps]
     rows = len(out)
     for r, (cfg, st) in enumerate(zip(cfgs, states)):
@@ -262,17 +300,17 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
             st.skip_left -= 1
             st.probe = st.skip_left == 0
             out[r] = 0
-            continue
-        if st.probe or not st.survival_est:
+        elif st.probe:  # drafts whatever the estimate says (no estimate yet: the drafter chose K = 0 → backoff)
             st.probe = False
-            continue
-        if drafting_gain(st.survival_est, out[r], rows, table) >= 1.0 + cfg.gate_margin:
+        elif drafting_gain(st.survival_est, out[r], rows, table) >= 1.0 + cfg.gate_margin:
             st.backoff = 1
-            continue
-        out[r] = 0
-        st.skip_left = st.backoff - 1
-        st.probe = st.skip_left == 0
-        st.backoff = min(2 * st.backoff, cfg.max_backoff)
+        else:
+            out[r] = 0
+            st.skip_left = st.backoff - 1
+            st.probe = st.skip_left == 0
+            st.backoff = min(2 * st.backoff, cfg.max_backoff)
+        if memory is not None:
+            memory.backoff, memory.skip_left, memory.probe = st.backoff, st.skip_left, st.probe
     return out
 
 

@@ -11,8 +11,8 @@ import torch
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.loop import LoopConfig, generate
 from dspark_trt.spec_decode.protocols import DraftBlock
-from dspark_trt.spec_decode.scheduler import (CostTable, PolicyConfig, PolicyState, drafting_gain, observe_survival,
-                                              plan_drafting)
+from dspark_trt.spec_decode.scheduler import (CostTable, GateMemory, PolicyConfig, PolicyState, drafting_gain, observe,
+                                              observe_survival, plan_drafting)
 
 # verify of 1..9 tokens: 1.00 1.05 … 1.40 (relative), drafter pass 0.2 of a step: a CPU-like profile
 TABLE = CostTable(tuple(range(1, 10)), tuple(1.0 + 0.05 * i for i in range(9)), draft_t0=0.2, draft_t1=0.0)
@@ -57,6 +57,56 @@ def test_drafter_that_stops_paying_is_dropped_and_recovers_after_a_probe() -> No
     assert all(drafted[:21])
     assert sum(drafted[20:60]) <= 14  # the estimate (EMA 0.25) falls below paying within ~8 rounds, then backoff
     assert all(drafted[60 + cfg.max_backoff + 2:])  # drafting again from the first probe after it recovered
+
+
+def _requests(hit: int, n_requests: int, rounds: int, memory: GateMemory | None, cap: int = 7) -> list[list[bool]]:
+    """n_requests one after another, `rounds` rounds each, through plan_drafting + observe (which feed `memory`)."""
+    cfg = PolicyConfig(policy="survival", max_k=cap)
+    out = []
+    for _ in range(n_requests):
+        st = PolicyState.initial(cfg, memory)
+        drafted = []
+        for _ in range(rounds):
+            caps = plan_drafting([cfg], [st], [cap], TABLE, memory)
+            drafted.append(caps[0] > 0)
+            if caps[0] > 0:
+                observe(cfg, st, cap, hit, torch.ones(cap + 1), torch.ones(cap + 1), memory)
+        out.append(drafted)
+    return out
+
+
+def test_gate_memory_carries_the_backoff_across_requests() -> None:
+    alone = sum(map(sum, _requests(hit=0, n_requests=10, rounds=40, memory=None)))
+    shared = _requests(hit=0, n_requests=10, rounds=40, memory=GateMemory())
+    assert shared[0][0] and not any(r[0] for r in shared[1:])  # later requests start from the shared verdict
+    assert sum(map(sum, shared)) <= 14 < alone, (sum(map(sum, shared)), alone)  # 400 rounds: as if one request
+
+
+def test_gate_memory_lets_a_paying_drafter_draft_from_the_first_round() -> None:
+    mem = GateMemory()
+    runs = _requests(hit=3, n_requests=5, rounds=20, memory=mem)
+    assert all(all(r) for r in runs)
+    assert mem.backoff == 1 and mem.observed == 100 and mem.survival_est[:3] == pytest.approx([1.0, 1.0, 1.0])
+    assert mem.survival_est[3] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_gate_memory_recovers_when_the_drafter_starts_paying() -> None:
+    mem = GateMemory()
+    _requests(hit=0, n_requests=3, rounds=40, memory=mem)  # learnt: does not pay, backoff at its longest
+    good = _requests(hit=4, n_requests=6, rounds=40, memory=mem)
+    flat = [d for r in good for d in r]
+    first = flat.index(True)  # the next probe comes within one longest backoff
+    assert first <= PolicyConfig().max_backoff + 1
+    assert all(flat[first:])
+
+
+def test_drafter_choosing_k0_backs_off() -> None:
+    """A probe whose drafter confidence picks K = 0 leaves no estimate: the gate backs off instead of drafting
+    at every round."""
+    cfg = PolicyConfig(policy="survival", max_k=4)
+    st = PolicyState.initial(cfg)
+    drafted = [plan_drafting([cfg], [st], [4], TABLE)[0] > 0 for _ in range(100)]  # K = 0 chosen: nothing observed
+    assert drafted[0] and sum(drafted) <= 8, sum(drafted)
 
 
 def test_drafting_gain_counts_the_drafter_cost() -> None:
@@ -110,3 +160,14 @@ def test_useless_drafter_runs_rarely_and_output_stays_exact(ref_backend, greedy_
                    config=LoopConfig(gamma=4, cost_table=TABLE))
     assert res.tokens == greedy_oracle(tiny_models["target"], prompt, n)
     assert be.draft_calls <= 8, be.draft_calls  # of ~60 rounds
+
+
+def test_useless_drafter_across_requests_shares_one_gate(ref_backend, greedy_oracle, tiny_models) -> None:
+    be = _UselessDrafter(ref_backend("draft"))
+    gate = GateMemory()
+    prompts = [[11, 22, 33, 44, 55], [7, 8, 9], [100, 3, 5, 9, 2, 4], [42]]
+    for prompt in prompts:
+        res = generate(be, prompt, max_new_tokens=30, policy=PolicyConfig(policy="survival", max_k=4),
+                       config=LoopConfig(gamma=4, cost_table=TABLE), gate=gate)
+        assert res.tokens == greedy_oracle(tiny_models["target"], prompt, 30)
+    assert be.draft_calls <= 8, be.draft_calls  # of ~120 rounds over 4 requests (alone: ≥ 4 probes each)
