@@ -186,7 +186,23 @@ def markov_block(
         return api.markov_block(backbone_logits, anchor, w1, w2, temperature, seeds, positions, **extra)
     from dspark_trt.kernels.block_draft import reference
 
-    return reference.markov_block(backbone_logits, anchor, w1, w2, temperature, seeds, positions, top_p, **extra)
+    return reference.markov_block(backbone_logits, anchor, w1, w2, temperature, seeds, positions, top_p, **extra,
+                                  linear=_native_bias(w2))
+
+
+def _native_bias(w2: torch.Tensor | None) -> Any:
+    """The Markov bias product on the runtime's native CPU kernels (w1x [B, r] · W2ᵀ, rounded to the param dtype,
+    as float32: F.linear's result, several times faster for one row), or None (→ F.linear) where they do not apply."""
+    if w2 is None or w2.device.type != "cpu" or torch.is_grad_enabled():
+        return None
+    from dspark_trt.runtime import native, ops
+
+    if not ops.use_native(w2):
+        return None
+    kind = native.kind_for(w2, w2.dtype)
+    if kind is None:
+        return None
+    return lambda x, w: native.linear(x.contiguous(), w, kind, out_f32=True)
 
 
 def draft_tokens(

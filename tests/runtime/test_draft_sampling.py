@@ -142,3 +142,34 @@ def test_draft_tokens_follow_the_reported_q(tiny_pair, target: CausalLM, kind: s
     obs = torch.cat([counts[big], counts[~big].sum().unsqueeze(0)])
     exp = torch.cat([q0.double()[big], q0.double()[~big].sum().unsqueeze(0)]) * n
     assert sstats.chisquare(obs.numpy(), (exp / exp.sum() * obs.sum()).numpy()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cpu_markov_block_matches_the_f_linear_reference(dtype: torch.dtype) -> None:
+    """The CPU path (native Markov-bias product, one-hot q built once for greedy blocks) gives the reference's
+    tokens, q and confidences bit for bit — greedy and sampled rows, reduced draft vocabulary, confidence head."""
+    from dspark_trt.kernels.block_draft import reference
+    from dspark_trt.runtime import dispatch, native
+
+    if not native.available():
+        pytest.skip(f"native kernels unavailable here ({native.unavailable_reason()}); the path under test is theirs")
+    g = torch.Generator().manual_seed(7)
+    b, gamma, vd, vt, r = 3, 5, 300, 500, 16
+    u = torch.randn(b, gamma, vd, generator=g) * 3  # [B, γ, Vd]
+    w1 = (torch.randn(vt, r, generator=g) * 0.5).to(dtype)
+    w2 = (torch.randn(vd, r, generator=g) * 0.5).to(dtype)
+    d2t = torch.randperm(vt, generator=g)[:vd]
+    anchor = torch.tensor([3, 77, 410])
+    pos = torch.tensor([10, 20, 30])
+    conf_bias, w_conf = torch.randn(b, gamma, generator=g), torch.randn(r, generator=g)
+    temps = torch.rand(gamma, generator=g) + 0.5
+    for sampling in ([SamplingParams()] * 3, [SamplingParams(), SamplingParams(0.8, 1.0, 5), SamplingParams(1.2, 0.9, 9)]):
+        got = dispatch.markov_block(u, anchor, w1, w2, sampling, pos, d2t=d2t, conf_bias=conf_bias, w_conf=w_conf,
+                                    conf_temp=temps)
+        t = torch.tensor([s.temperature for s in sampling])
+        tp = torch.tensor([s.top_p for s in sampling])
+        seeds = torch.tensor([int(s.seed or 0) for s in sampling])
+        want = reference.markov_block(u, anchor, w1, w2, t, seeds, pos, tp, d2t=d2t, conf_bias=conf_bias,
+                                      w_conf=w_conf, conf_temp=temps)
+        assert torch.equal(got.tokens, want.tokens)
+        assert torch.equal(got.q, want.q) and torch.equal(got.conf, want.conf)

@@ -19,7 +19,7 @@ and a seed fixes the draft. Pure torch; no triton.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -123,8 +123,11 @@ def markov_block(
     conf_bias: torch.Tensor | None = None,  # [B, γ] f32
     w_conf: torch.Tensor | None = None,  # [r] f32
     conf_temp: torch.Tensor | None = None,  # [γ] f32
+    linear: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> MarkovBlock:
-    """γ Markov steps left to right (the semantics above)."""
+    """γ Markov steps left to right (the semantics above). `linear(w1x [B, r], W2) → [B, Vd] float32` computes the
+    bias F.linear(w1x, W2) rounded to the param dtype (default: F.linear itself; the CPU runtime passes its native
+    product, the same rounding). All-greedy blocks build their one-hot q once, after the loop."""
     if w1 is None or w2 is None:
         if w1 is not None or w2 is not None or d2t is not None or conf_bias is not None:
             raise InvalidArgumentError("markov_block without a Markov head takes w1 = w2 = d2t = conf_bias = None "
@@ -135,17 +138,28 @@ def markov_block(
     t, tp, seeds, positions = _rows(b, dev, temperature, seeds, positions, top_p)
     prev = anchor.to(device=dev, dtype=torch.long)
     toks = torch.empty(b, gamma, dtype=torch.long, device=dev)
-    q = torch.empty(b, gamma, vd, dtype=torch.float32, device=dev)
+    greedy = not bool((t > 0).any())
+    ids = torch.empty(b, gamma, dtype=torch.long, device=dev)  # draft-vocab ids (greedy: the one-hot q's hot lane)
+    q = None if greedy else torch.empty(b, gamma, vd, dtype=torch.float32, device=dev)
     has_conf = conf_bias is not None and w_conf is not None
     conf = torch.empty(b, gamma, dtype=torch.float32, device=dev) if has_conf else None
+    bias_of = linear or (lambda x, w: F.linear(x, w).float())
+    d2t = None if d2t is None else d2t.to(dev)
+    u = backbone_logits.float()  # [B, γ, Vd]
+    wc = None if conf is None else w_conf.float()  # [r]
     for i in range(gamma):
         w1x = w1[prev]  # [B, r]
-        logits = backbone_logits[:, i].float() + F.linear(w1x, w2).float()  # [B, Vd]
-        idx, qi = pick(logits, t, tp, seeds, positions + i)  # [B], [B, Vd]
-        prev = idx if d2t is None else d2t.to(dev)[idx]
+        logits = u[:, i] + bias_of(w1x, w2)  # [B, Vd]
+        if greedy:
+            idx = logits.argmax(dim=-1)  # [B], lowest index on ties
+        else:
+            idx, q[:, i] = pick(logits, t, tp, seeds, positions + i)  # [B], [B, Vd]
+        ids[:, i] = idx
+        prev = idx if d2t is None else d2t[idx]
         toks[:, i] = prev
-        q[:, i] = qi
         if conf is not None:
             ct = 1.0 if conf_temp is None else conf_temp[i].float()
-            conf[:, i] = torch.sigmoid((conf_bias[:, i].float() + w1x.float() @ w_conf.float()) / ct)
+            conf[:, i] = torch.sigmoid((conf_bias[:, i].float() + w1x.float() @ wc) / ct)
+    if q is None:
+        q = F.one_hot(ids, vd).to(torch.float32)  # [B, γ, Vd]
     return MarkovBlock(toks, q, conf)

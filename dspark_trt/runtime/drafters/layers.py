@@ -137,10 +137,12 @@ class DSparkLayer(nn.Module):
         k = torch.cat([k_ctx.to(q.dtype), k_blk], dim=2)  # [B, Hkv, C+Q, hd]
         v = torch.cat([v_ctx.to(q.dtype), v_blk], dim=2)
         rep = self.heads // self.kv_heads
-        if rep > 1:
+        if rep > 1 and torch.is_grad_enabled():  # training: the repeated heads autograd has always used
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])  # [B, H, Q, hd]
+        # inference: grouped-query SDPA reads each KV head in place (the same bits, no [B, H, C+Q, hd] copies)
+        gqa = k.shape[1] != q.shape[1]
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=gqa)  # [B, H, Q, hd]
         o = attn.transpose(1, 2).reshape(B, Q, -1)  # [B, Q, H·hd]
         fast = self._np(o, self.o_proj.weight, residual=h)
         if fast is None:
