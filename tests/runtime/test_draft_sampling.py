@@ -173,3 +173,30 @@ def test_cpu_markov_block_matches_the_f_linear_reference(dtype: torch.dtype) -> 
                                       w_conf=w_conf, conf_temp=temps)
         assert torch.equal(got.tokens, want.tokens)
         assert torch.equal(got.q, want.q) and torch.equal(got.conf, want.conf)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_dspark_proposal_does_not_depend_on_the_batch(target: CausalLM, dtype: torch.dtype) -> None:
+    """A slot's draft block (tokens, q, confidences) is the same bits proposed alone (no attention mask, a view of
+    its context) as in a batch with shorter and longer contexts (masked, gathered) — seeded sampled rows included,
+    so sampled answers under load keep their drafts."""
+    from dspark_trt.testing.tiny import tiny_dspark_drafter
+
+    drafter = tiny_dspark_drafter(target, gamma=4, draft_vocab=200)
+    drafter.model.to(dtype)
+    drafter.allocate(3, 64)
+    g = torch.Generator().manual_seed(3)
+    fsize = drafter.cfg.feature_size
+    lens = [11, 5, 17]
+    feats = torch.randn(3, max(lens), fsize, generator=g).to(dtype)  # [B, T, F]
+    toks = torch.randint(0, drafter.vocab_size, (3, max(lens)), generator=g)
+    drafter.extend_context(torch.arange(3), toks, torch.tensor(lens), feats)
+    anchors = torch.tensor([7, 8, 9])
+    sampling = [SamplingParams(0.9, 1.0, 11), SamplingParams(), SamplingParams(1.1, 1.0, 4)]
+    batch = drafter.propose(torch.arange(3), anchors, 4, sampling)
+    for r in range(3):
+        alone = drafter.propose(torch.tensor([r]), anchors[r:r + 1], 4, sampling[r:r + 1])
+        assert torch.equal(alone.tokens[0], batch.tokens[r])
+        assert torch.equal(alone.conf[0], batch.conf[r])
+        if alone.q is not None:
+            assert torch.equal(alone.q[0], batch.q[r])

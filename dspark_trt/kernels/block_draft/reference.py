@@ -159,7 +159,7 @@ def markov_block(
         toks[:, i] = prev
         if conf is not None:
             ct = 1.0 if conf_temp is None else conf_temp[i].float()
-            conf[:, i] = torch.sigmoid((conf_bias[:, i].float() + w1x.float() @ wc) / ct)
+            conf[:, i] = torch.sigmoid((conf_bias[:, i].float() + (w1x.float() * wc).sum(-1)) / ct)  # per-row sums
     if q is None:
         q = F.one_hot(ids, vd).to(torch.float32)  # [B, γ, Vd]
     return MarkovBlock(toks, q, conf)

@@ -107,11 +107,12 @@ class DSparkModel(nn.Module):
         return torch.cat([a, m], dim=-2)
 
     def backbone(self, h: torch.Tensor, pos: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]],
-                 mask: torch.Tensor) -> torch.Tensor:
-        """h [B, Q, d], pos [B, Q], kv per layer [B, Hkv, C, hd], mask [B, Q, C+Q] → final-normed [B, Q, d]."""
+                 mask: torch.Tensor | None, ctx_lens: Sequence[int] | None = None) -> torch.Tensor:
+        """h [B, Q, d], pos [B, Q], kv per layer [B, Hkv, C, hd], mask [B, Q, C+Q] (None: all visible; or
+        ctx_lens, each row's context length, see DSparkLayer.forward) → final-normed [B, Q, d]."""
         rope = self.layers[0].rope(pos, h.dtype)  # every layer has the same head_dim and theta
         for layer, (k, v) in zip(self.layers, kv):
-            h = layer(h, pos, k, v, mask, rope)
+            h = layer(h, pos, k, v, mask, rope, ctx_lens)
         return self.norm(h)
 
     def base_logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -143,7 +144,7 @@ class DSparkModel(nn.Module):
             return None
         w, b = self.confidence.weight.float(), self.confidence.bias.float()  # [1, d (+ r)], [1]
         d = self.cfg.hidden_size
-        bias = F.linear(h.float(), w[:, :d], b).squeeze(-1)  # [...]
+        bias = (h.float() * w[0, :d]).sum(-1) + b[0]  # [...]: per-row sums (F.linear's M = 1 / M > 1 paths round apart)
         with_markov = self.cfg.has_markov and self.cfg.confidence_head_with_markov
         return bias, (w[0, d:] if with_markov else None)
 
@@ -264,13 +265,17 @@ class DSparkDrafter:
         lens = self._len[s].to(dev)  # [B] context length = position of the anchor
         pos_d1 = lens + 1 if positions is None else torch.as_tensor(positions).to(dev)  # [B]
         B, C = len(s), max(1, int(lens.max()))
-        idx = torch.tensor(s, device=dev)
-        kv = [(k[:, :, :C].index_select(0, idx), v[:, :, :C].index_select(0, idx)) for k, v in zip(self._k, self._v)]
-        mask = torch.cat([(torch.arange(C, device=dev)[None, :] < lens[:, None])[:, None, :].expand(B, G, C),
-                          torch.ones(B, G, G, dtype=torch.bool, device=dev)], dim=-1)  # [B, G, C+G]
+        if B == 1:  # a view of the slot's rows (the layers concatenate the block KV onto it anyway)
+            kv = [(k[s[0]:s[0] + 1, :, :C], v[s[0]:s[0] + 1, :, :C]) for k, v in zip(self._k, self._v)]
+        else:
+            idx = torch.tensor(s, device=dev)
+            kv = [(k[:, :, :C].index_select(0, idx), v[:, :, :C].index_select(0, idx)) for k, v in zip(self._k, self._v)]
+        # Each row attends to exactly its own context and the block (no mask, no padding keys: a padded softmax
+        # rounds differently), so a slot's draft has the same bits alone and in any batch.
+        ctx_lens = None if bool((lens == C).all()) else [int(n) for n in lens.tolist()]
         pos = lens[:, None] + torch.arange(G, device=dev)  # [B, G]
         anchors = anchors.to(dev)
-        hid = m.backbone(m.block_input(anchors, G), pos, kv, mask)  # [B, G, d]
+        hid = m.backbone(m.block_input(anchors, G), pos, kv, None, ctx_lens)  # [B, G, d]
         U = m.base_logits(hid)[:, :gamma]  # [B, γ, Vd]; the full block's shapes, so every γ gets the same bits
         conf_parts = m.confidence_parts(hid)  # ([B, G], [r] | None) | None
         conf_bias, w_conf = (conf_parts[0][:, :gamma], conf_parts[1]) if conf_parts is not None else (None, None)

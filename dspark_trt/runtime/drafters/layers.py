@@ -9,6 +9,8 @@ nothing about caches, slots or training.
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -118,9 +120,25 @@ class DSparkLayer(nn.Module):
         """ctx [B, C, d] (already fc+RMSNorm'd target features), pos [B, C] → k, v [B, Hkv, C, hd]."""
         return self._kv(ctx, pos, rope)
 
+    def _attend(self, q: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor, k_blk: torch.Tensor,
+                v_blk: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """q [B, H, Q, hd] over keys [context; block] ([B, Hkv, C+Q, hd]) → [B, H, Q, hd]."""
+        k = torch.cat([k_ctx.to(q.dtype), k_blk], dim=2)  # [B, Hkv, C+Q, hd]
+        v = torch.cat([v_ctx.to(q.dtype), v_blk], dim=2)
+        rep = self.heads // self.kv_heads
+        if rep > 1 and torch.is_grad_enabled():  # training: the repeated heads autograd has always used
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        # inference: grouped-query SDPA reads each KV head in place (the same bits, no [B, H, C+Q, hd] copies)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[:, None],
+                                              enable_gqa=k.shape[1] != q.shape[1])
+
     def forward(self, h: torch.Tensor, pos: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
-                mask: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-        """h [B, Q, d] block states, pos [B, Q], k_ctx/v_ctx [B, Hkv, C, hd], mask [B, Q, C+Q] bool → [B, Q, d]."""
+                mask: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+                ctx_lens: Sequence[int] | None = None) -> torch.Tensor:
+        """h [B, Q, d] block states, pos [B, Q], k_ctx/v_ctx [B, Hkv, C, hd], mask [B, Q, C+Q] bool (None: every
+        key visible) → [B, Q, d]. ctx_lens (inference, instead of a mask): row b sees its first ctx_lens[b] context
+        keys and the whole block, in an attention call of its own, so its bits never depend on the other rows."""
         B, Q, _ = h.shape
         x = self.input_layernorm(h)
         cos, sin = rope if rope is not None else self.rope(pos, x.dtype)
@@ -134,15 +152,11 @@ class DSparkLayer(nn.Module):
             q = self.q_proj(x).view(B, Q, self.heads, self.head_dim).transpose(1, 2)  # [B, H, Q, hd]
             k_blk, v_blk = self._kv(x, pos, (cos, sin))  # [B, Hkv, Q, hd]
         q = apply_rope(q, cos, sin)
-        k = torch.cat([k_ctx.to(q.dtype), k_blk], dim=2)  # [B, Hkv, C+Q, hd]
-        v = torch.cat([v_ctx.to(q.dtype), v_blk], dim=2)
-        rep = self.heads // self.kv_heads
-        if rep > 1 and torch.is_grad_enabled():  # training: the repeated heads autograd has always used
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
-        # inference: grouped-query SDPA reads each KV head in place (the same bits, no [B, H, C+Q, hd] copies)
-        gqa = k.shape[1] != q.shape[1]
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], enable_gqa=gqa)  # [B, H, Q, hd]
+        if ctx_lens is not None:
+            attn = torch.cat([self._attend(q[r:r + 1], k_ctx[r:r + 1, :, :n], v_ctx[r:r + 1, :, :n], k_blk[r:r + 1],
+                                           v_blk[r:r + 1], None) for r, n in enumerate(ctx_lens)])  # [B, H, Q, hd]
+        else:
+            attn = self._attend(q, k_ctx, v_ctx, k_blk, v_blk, mask)
         o = attn.transpose(1, 2).reshape(B, Q, -1)  # [B, Q, H·hd]
         fast = self._np(o, self.o_proj.weight, residual=h)
         if fast is None:
