@@ -269,13 +269,18 @@ def _fold(est: list[float], k: int, accepted: int, w: float) -> None:
 def drafting_gain(est: Sequence[float], cap: int, rows: int, table: CostTable) -> float:
     """Best relative throughput of drafting one more row of a `rows`-row round over leaving it plain:
     max_K (rows + Σ_{j≤K} a_j) / (step(rows + K) + draft(1)) ÷ (rows / step(rows)), a = observed survival made
-    non-increasing; 0 when nothing can be verified."""
+    non-increasing, extended geometrically (the last observed ratio a_j / a_{j-1}, or a_1) to positions the
+    policy has not verified yet — else a drafter whose rounds chose small K could never show that larger K pays;
+    0 when nothing can be verified."""
     a, run = [], 1.0
     for x in list(est)[:cap]:
         run = min(run, float(x))
         a.append(run)
     if not a:
         return 0.0
+    ratio = a[-1] / a[-2] if len(a) >= 2 and a[-2] > 0 else a[0]
+    while len(a) < cap and a[-1] > 1e-3:
+        a.append(a[-1] * ratio)
     base = rows * table.sps(rows)
     best, gained = 0.0, 0.0
     for K, aj in enumerate(a, start=1):

@@ -171,3 +171,15 @@ def test_useless_drafter_across_requests_shares_one_gate(ref_backend, greedy_ora
                        config=LoopConfig(gamma=4, cost_table=TABLE), gate=gate)
         assert res.tokens == greedy_oracle(tiny_models["target"], prompt, 30)
     assert be.draft_calls <= 8, be.draft_calls  # of ~120 rounds over 4 requests (alone: ≥ 4 probes each)
+
+
+def test_drafting_gain_extends_the_observed_survival_geometrically() -> None:
+    """Rounds that verified one token say nothing about position 2+: the gate assumes the observed decay goes on,
+    so a drafter with a_1 = 0.35 is judged on K = 1..cap, not on K = 1 alone (where it cannot pay here)."""
+    flat = CostTable(tuple(range(1, 10)), tuple(1.0 + 0.02 * i for i in range(9)), draft_t0=0.4, draft_t1=0.0)
+    one = drafting_gain([0.35], 1, 1, flat)
+    assert one < 1.0  # 1.35 tokens per 1.02 + 0.4 step-units
+    ext = drafting_gain([0.35], 4, 1, flat)  # a = .35 .12 .043 .015 → best K = 3
+    want = max((1 + sum(0.35 ** j for j in range(1, k + 1))) / (1.0 + 0.02 * k + 0.4) for k in range(1, 5))
+    assert ext == pytest.approx(want) and ext > 1.0 > one
+    assert drafting_gain([0.0], 7, 1, flat) < 1.0  # nothing accepted: nothing to extend
