@@ -26,8 +26,9 @@ if ! "$PY" -c "import llama_cpp" 2>/dev/null; then
     "$PY" -m pip install -q "$SDIST"
 fi
 SRC="$OUT/src/llama_cpp_python-$VERSION"
-[ -d "$SRC/vendor/llama.cpp/gguf-py" ] || tar -xzf "$SDIST" -C "$OUT/src" \
-  "llama_cpp_python-$VERSION/vendor/llama.cpp/convert_hf_to_gguf.py" "llama_cpp_python-$VERSION/vendor/llama.cpp/gguf-py"
+[ -d "$SRC/vendor/llama.cpp/conversion" ] || tar -xzf "$SDIST" -C "$OUT/src" \
+  "llama_cpp_python-$VERSION/vendor/llama.cpp/convert_hf_to_gguf.py" "llama_cpp_python-$VERSION/vendor/llama.cpp/gguf-py" \
+  "llama_cpp_python-$VERSION/vendor/llama.cpp/conversion"
 "$PY" -c "import sentencepiece" 2>/dev/null || "$PY" -m pip install -q "sentencepiece>=0.2"
 TARGET="$("$PY" -c "from dspark_trt.runtime.default_model import default_target_dir; print(default_target_dir())")"
 for t in bf16 q8_0; do

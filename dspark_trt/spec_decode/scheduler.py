@@ -117,7 +117,7 @@ class GateMemory:
     skip_left: int = 0  # rounds of the current skip still to go
     probe: bool = False  # the next round is a probe
 
-    def observe(self, k: int, accepted: int, floor_weight: float = 0.1) -> None:
+    def observe(self, k: int, accepted: int, floor_weight: float = 0.02) -> None:
         """Fold one verified gated round (k ≥ 1) into the shared estimate (running mean, then EMA)."""
         self.observed += 1
         w = max(1.0 / self.observed, floor_weight)
