@@ -192,17 +192,16 @@ def markov_block(
 
 def _native_bias(w2: torch.Tensor | None) -> Any:
     """The Markov bias product on the runtime's native CPU kernels (w1x [B, r] · W2ᵀ, rounded to the param dtype,
-    as float32: F.linear's result, several times faster for one row), or None (→ F.linear) where they do not apply."""
-    if w2 is None or w2.device.type != "cpu" or torch.is_grad_enabled():
+    as float32: F.linear's result, several times faster for one row), or None (→ F.linear) off the CPU."""
+    if w2 is None or w2.device.type != "cpu":
         return None
-    from dspark_trt.runtime import native, ops
+    from dspark_trt.runtime.drafters.layers import native_product
 
-    if not ops.use_native(w2):
-        return None
-    kind = native.kind_for(w2, w2.dtype)
-    if kind is None:
-        return None
-    return lambda x, w: native.linear(x.contiguous(), w, kind, out_f32=True)
+    def bias(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = native_product(x, w, out_f32=True)  # None where the native kernels do not apply
+        return torch.nn.functional.linear(x, w).float() if y is None else y
+
+    return bias
 
 
 def draft_tokens(
