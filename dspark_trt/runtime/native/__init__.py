@@ -30,7 +30,7 @@ SOURCES = [HERE / "module.cpp", HERE / "linear.cpp", HERE / "attention.cpp"]
 HEADERS = [HERE / "common.h"]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-DNDEBUG"]
 # packing kinds, as linear.cpp `enum Pack`
-P_BF16, P_F32, P_I8P, P_I8F, P_SQ = 0, 1, 2, 3, 4
+P_BF16, P_F32, P_I8P, P_I8F, P_SQ, P_I8Q = 0, 1, 2, 3, 4, 5
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {"ext": None, "reason": None}
@@ -154,8 +154,8 @@ def kind_for(w: torch.Tensor, x_dtype: torch.dtype, sq: bool = False) -> int | N
     """Packing kind for weight w with activations of x_dtype, or None when the native kernels do not cover it."""
     if sq:
         return P_SQ if w.dtype == torch.int8 and has_vnni() and x_dtype in (torch.bfloat16, torch.float32) else None
-    if w.dtype == torch.int8:
-        return {torch.bfloat16: P_I8P, torch.float32: P_I8F}.get(x_dtype)
+    if w.dtype == torch.int8:  # bf16 activations: exact limb products on int8 where VNNI is (no widening)
+        return {torch.bfloat16: P_I8Q if has_vnni() else P_I8P, torch.float32: P_I8F}.get(x_dtype)
     if w.dtype != x_dtype:
         return None
     return {torch.bfloat16: P_BF16, torch.float32: P_F32}.get(w.dtype)

@@ -7,7 +7,14 @@
 //   P_I8P  int8 [NB, Kp/2, 16, 2]  W8A16 with bf16 activations, widened exactly to bf16
 //   P_I8F  int8 [NB, K, 16]        W8A16 with fp32 activations
 //   P_SQ   int8 [NB, Kp/4, 16, 4]  k-quads, Kp = K rounded up to 64
+//   P_I8Q  int8 [NB, Kp/4, 16, 4]  W8A16 with bf16 activations as exact integer products (see stage_input)
 // SwiGLU packs block 2i = up rows [16i, 16i+16) and block 2i+1 = fc rows N/2 + [16i, 16i+16).
+//
+// W8A16 on P_I8Q reads each int8 weight as it is, with no widening: each bf16 activation row x is written exactly as
+// fixed point, x = s · v with s = 2^(e - 22) (2^e > max|x|) and v an integer (elements more than 2^15 below the row's
+// maximum are rounded to the grid), and v as three signed base-256 digits (limbs, each in [-128, 127]). The three
+// limb products with the int8 weights are exact int32 sums (TDPBSSD, or VNNI dpbusd on the FMA engine, which gives the
+// same bits); y = fp32(s · (H·65536 + M·256 + L)) is the exact sum rounded once.
 //
 // Two engines, one per process (AMX when the CPU and kernel allow it): AMX tiles (bf16: TDPBF16PS, SQ: TDPBSSD) on
 // 16-row activation tiles, or AVX-512 FMA with the 16 output rows in the vector lanes. In both, output (m, n) is one
@@ -23,9 +30,11 @@
 namespace dspark {
 namespace {
 
-enum Pack { P_BF16 = 0, P_F32 = 1, P_I8P = 2, P_I8F = 3, P_SQ = 4 };
-inline int kgroup(int kind) { return kind == P_SQ ? 4 : (kind == P_BF16 || kind == P_I8P) ? 2 : 1; }
-inline int64_t kalign(int kind) { return kind == P_SQ ? 64 : (kind == P_BF16 || kind == P_I8P) ? 32 : 1; }
+enum Pack { P_BF16 = 0, P_F32 = 1, P_I8P = 2, P_I8F = 3, P_SQ = 4, P_I8Q = 5 };
+inline bool quads(int kind) { return kind == P_SQ || kind == P_I8Q; }  // int8 x int8 products on k-quads
+inline int kgroup(int kind) { return quads(kind) ? 4 : (kind == P_BF16 || kind == P_I8P) ? 2 : 1; }
+inline int64_t kalign(int kind) { return quads(kind) ? 64 : (kind == P_BF16 || kind == P_I8P) ? 32 : 1; }
+constexpr int LIMB_ROWS = 5;  // P_I8Q on AMX: activation rows per 16-row tile (3 limb rows each, row 15 unused)
 
 std::atomic<int> g_amx_allowed{1};
 
@@ -49,7 +58,8 @@ struct LinearPlan {
   int64_t ldx = 0;
   const void* w = nullptr;  // packed weight
   const float* scale = nullptr;
-  const int32_t* rowsum = nullptr;  // SQ on the FMA engine: Σ_k w[n, k] (activations are stored +128)
+  const int32_t* rowsum = nullptr;  // SQ / I8Q on the FMA engine: Σ_k w[n, k] (activations are stored +128)
+  const double* limb_scale = nullptr;  // I8Q: per activation row, s = 2^(e - 22)
   const void* bias = nullptr;
   bool bias_f32 = false;
   const void* res = nullptr;
@@ -110,6 +120,20 @@ inline void emit_swiglu(const LinearPlan& p, int64_t m, int64_t blk_up, __m512 v
   store16(p, m, ru, mu, y);
 }
 
+// I8Q: the three limb sums (int32 lanes) of one activation row → fp32(s · (H·65536 + M·256 + L)), rounded once
+inline __m512 limb_sum(__m512i lo, __m512i mid, __m512i hi, double s) {
+  const __m512d sv = _mm512_set1_pd(s);
+  auto half = [&](__m256i l, __m256i m, __m256i h) {
+    const __m512i t = _mm512_add_epi64(_mm512_add_epi64(_mm512_slli_epi64(_mm512_cvtepi32_epi64(h), 16),
+                                                        _mm512_slli_epi64(_mm512_cvtepi32_epi64(m), 8)),
+                                       _mm512_cvtepi32_epi64(l));
+    return _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi64_pd(t), sv));  // exact int64 → double, × 2^k, one rounding
+  };
+  const __m256 a = half(_mm512_castsi512_si256(lo), _mm512_castsi512_si256(mid), _mm512_castsi512_si256(hi));
+  const __m256 b = half(_mm512_extracti64x4_epi64(lo, 1), _mm512_extracti64x4_epi64(mid, 1), _mm512_extracti64x4_epi64(hi, 1));
+  return _mm512_insertf32x8(_mm512_castps256_ps512(a), b, 1);
+}
+
 // ---------------------------------------------------------------------------------------------------- AMX engine
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AMX_INT8__)
 struct alignas(64) TileConfig {
@@ -127,12 +151,13 @@ void amx_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
     cfg.colsb[t] = 64;
   }
   _tile_loadconfig(&cfg);
-  const bool sq = p.kind == P_SQ;
+  const bool sq = quads(p.kind), limbs = p.kind == P_I8Q;
   const int64_t chunk = sq ? 64 : 32;  // k per tile step
   const int64_t nchunks = p.Kp / chunk;
   const int64_t block_bytes = p.Kp * 16 * (sq ? 1 : 2);
   const int64_t xes = sq ? 1 : 2, ldx_b = p.ldx * xes;
-  const int64_t mtiles = (p.M + 15) / 16;
+  const int64_t per_tile = limbs ? LIMB_ROWS : 16;  // activation rows per tile
+  const int64_t mtiles = (p.M + per_tile - 1) / per_tile;
   alignas(64) float cbuf[4][256];
   thread_local std::vector<uint16_t> wide;  // W8A16 with > 16 rows: the block quad widened to bf16 once
   alignas(64) uint16_t wtile[4][512];       // W8A16 with ≤ 16 rows: one chunk of each block, widened in L1
@@ -160,7 +185,7 @@ void amx_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
       _tile_zero(1);
       _tile_zero(2);
       _tile_zero(3);
-      const char* A = static_cast<const char*>(p.x) + mt * 16 * ldx_b;
+      const char* A = static_cast<const char*>(p.x) + mt * 16 * ldx_b;  // 16 staged rows per tile
       for (int64_t c = 0; c < nchunks; ++c) {
         _tile_loadd(4, A + c * chunk * xes, ldx_b);
         const char* Bc = B + c * 1024;
@@ -189,17 +214,23 @@ void amx_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
       if (nq > 1) _tile_stored(1, cbuf[1], 64);
       if (nq > 2) _tile_stored(2, cbuf[2], 64);
       if (nq > 3) _tile_stored(3, cbuf[3], 64);
-      const int64_t mr = std::min<int64_t>(16, p.M - mt * 16);
+      const int64_t mr = std::min<int64_t>(per_tile, p.M - mt * per_tile);
       for (int64_t r = 0; r < mr; ++r) {
+        const int64_t m = mt * per_tile + r;
         __m512 v[4];
         for (int j = 0; j < nq; ++j) {
-          v[j] = _mm512_load_ps(cbuf[j] + r * 16);
-          if (sq) v[j] = _mm512_cvtepi32_ps(_mm512_castps_si512(v[j]));
+          if (limbs) {
+            const float* c = cbuf[j] + 3 * r * 16;
+            v[j] = limb_sum(_mm512_load_si512(c), _mm512_load_si512(c + 16), _mm512_load_si512(c + 32), p.limb_scale[m]);
+          } else {
+            v[j] = _mm512_load_ps(cbuf[j] + r * 16);
+            if (sq) v[j] = _mm512_cvtepi32_ps(_mm512_castps_si512(v[j]));
+          }
         }
         if (p.swiglu) {
-          for (int j = 0; j + 1 < nq; j += 2) emit_swiglu(p, mt * 16 + r, nb + j, v[j], v[j + 1]);
+          for (int j = 0; j + 1 < nq; j += 2) emit_swiglu(p, m, nb + j, v[j], v[j + 1]);
         } else {
-          for (int j = 0; j < nq; ++j) emit(p, mt * 16 + r, nb + j, v[j]);
+          for (int j = 0; j < nq; ++j) emit(p, m, nb + j, v[j]);
         }
       }
     }
@@ -288,6 +319,61 @@ inline void fma_tile(const LinearPlan& p, int64_t m0, int64_t blk0) {
   }
 }
 
+#if defined(__AVX512VNNI__)
+// I8Q on the FMA engine: staged rows 3m + j = limb j of activation row m, stored + 128 (uint8, dpbusd); exact int32
+// sums, so the bits equal the AMX engine's.
+template <int MRT, int NBT>
+inline void fma_limb_tile(const LinearPlan& p, int64_t m0, int64_t blk0) {
+  __m512i acc[NBT][MRT][3];
+  for (int b = 0; b < NBT; ++b)
+    for (int m = 0; m < MRT; ++m)
+      for (int j = 0; j < 3; ++j) acc[b][m][j] = _mm512_setzero_si512();
+  const uint8_t* xr = static_cast<const uint8_t*>(p.x) + 3 * m0 * p.ldx;
+  const int64_t kq = p.Kp / 4;
+  for (int64_t k4 = 0; k4 < kq; ++k4) {
+    __m512i wv[NBT];
+    for (int b = 0; b < NBT; ++b) wv[b] = _mm512_loadu_si512(static_cast<const int8_t*>(p.w) + ((blk0 + b) * kq + k4) * 64);
+    for (int m = 0; m < MRT; ++m) {
+      for (int j = 0; j < 3; ++j) {
+        int32_t quad;
+        std::memcpy(&quad, xr + (3 * m + j) * p.ldx + 4 * k4, 4);
+        const __m512i xv = _mm512_set1_epi32(quad);
+        for (int b = 0; b < NBT; ++b) acc[b][m][j] = _mm512_dpbusd_epi32(acc[b][m][j], xv, wv[b]);
+      }
+    }
+  }
+  __m512 v[NBT][MRT];
+  for (int b = 0; b < NBT; ++b) {
+    const __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512(p.rowsum + (blk0 + b) * 16), 7);  // 128 · Σw
+    for (int m = 0; m < MRT; ++m) {
+      v[b][m] = limb_sum(_mm512_sub_epi32(acc[b][m][0], corr), _mm512_sub_epi32(acc[b][m][1], corr),
+                         _mm512_sub_epi32(acc[b][m][2], corr), p.limb_scale[m0 + m]);
+    }
+  }
+  for (int m = 0; m < MRT; ++m) {
+    if (p.swiglu) {
+      if constexpr (NBT == 2) emit_swiglu(p, m0 + m, blk0, v[0][m], v[1][m]);
+    } else {
+      for (int b = 0; b < NBT; ++b) emit(p, m0 + m, blk0 + b, v[b][m]);
+    }
+  }
+}
+
+void fma_limb_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
+  constexpr int64_t MR = 2;
+  for (int64_t m0 = 0; m0 < p.M; m0 += MR) {
+    const bool two = m0 + 1 < p.M;
+    for (int64_t blk = b0; blk < b1; blk += 2) {
+      const bool pair = blk + 1 < b1;
+      if (two && pair) fma_limb_tile<2, 2>(p, m0, blk);
+      else if (two) fma_limb_tile<2, 1>(p, m0, blk);
+      else if (pair) fma_limb_tile<1, 2>(p, m0, blk);
+      else fma_limb_tile<1, 1>(p, m0, blk);
+    }
+  }
+}
+#endif
+
 template <int KIND, int NBT>
 void fma_rows(const LinearPlan& p, int64_t m0, int64_t mr, int64_t blk) {
   switch (mr) {
@@ -320,6 +406,9 @@ void run_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
     case P_F32: fma_blocks<P_F32>(p, b0, b1); break;
     case P_I8P: fma_blocks<P_I8P>(p, b0, b1); break;
     case P_I8F: fma_blocks<P_I8F>(p, b0, b1); break;
+#if defined(__AVX512VNNI__)
+    case P_I8Q: fma_limb_blocks(p, b0, b1); break;
+#endif
     default: fma_blocks<P_SQ>(p, b0, b1); break;
   }
 }
@@ -351,15 +440,44 @@ void rms_norm_row(const void* x, const void* wt, float eps, int64_t K, bool is_b
   }
 }
 
+// I8Q: row src [K] (bf16 values) → three limb rows of int8 (+ bias: 128 for the FMA engine's uint8), returns s.
+double stage_limbs(const float* src, int64_t K, int8_t* lo, int8_t* mid, int8_t* hi, int bias) {
+  __m512 amax = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(tail16(K - k), src + k)));
+  const float mx = _mm512_reduce_max_ps(amax);
+  int e = 0;
+  if (mx > 0.0f && std::isfinite(mx)) std::frexp(mx, &e);  // mx < 2^e
+  const __m512 shift = _mm512_set1_ps(static_cast<float>(22 - e));
+  const __m512i c128 = _mm512_set1_epi32(128), c255 = _mm512_set1_epi32(255), cb = _mm512_set1_epi32(bias);
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 mk = tail16(K - k);
+    // v = round(x · 2^(22 - e)), |v| < 2^22; exact for elements within 2^15 of the row maximum
+    const __m512 f = _mm512_roundscale_ps(_mm512_scalef_ps(_mm512_maskz_loadu_ps(mk, src + k), shift),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512i v = _mm512_cvtps_epi32(f);
+    const __m512i l = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(v, c128), c255), c128);  // balanced digits
+    const __m512i v1 = _mm512_srai_epi32(_mm512_sub_epi32(v, l), 8);
+    const __m512i m = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(v1, c128), c255), c128);
+    const __m512i h = _mm512_srai_epi32(_mm512_sub_epi32(v1, m), 8);  // |h| ≤ 65
+    _mm_mask_storeu_epi8(lo + k, mk, _mm512_cvtepi32_epi8(_mm512_add_epi32(l, cb)));
+    _mm_mask_storeu_epi8(mid + k, mk, _mm512_cvtepi32_epi8(_mm512_add_epi32(m, cb)));
+    _mm_mask_storeu_epi8(hi + k, mk, _mm512_cvtepi32_epi8(_mm512_add_epi32(h, cb)));
+  }
+  return std::ldexp(1.0, e - 22);
+}
+
 // Stage x (optionally RMSNorm'd, SQ-quantized) into the engine's layout: AMX bf16 / int8 [Mp, Kp] (Mp = M rounded
 // up to 16, zero padded); FMA fp32 [M, Kp] (zero padded) or, for SQ, uint8 = int8 + 128 [M, Kp] (padded with 128).
+// I8Q: three limb rows per activation row, on AMX LIMB_ROWS rows per 16-row tile (rows 16t + 3i + j), on the FMA
+// engine rows 3m + j, + 128; limb_scale[m] = s.
 at::Tensor stage_input(const at::Tensor& x, const LinearPlan& p, const c10::optional<at::Tensor>& norm, float eps,
-                       const float* sq_pre, float sq_act) {
+                       const float* sq_pre, float sq_act, double* limb_scale) {
   const int64_t M = p.M, K = p.K, Kp = p.Kp;
-  const bool sq = p.kind == P_SQ;
-  const int64_t rows = p.amx ? (M + 15) / 16 * 16 : M;
-  at::ScalarType st = sq ? (p.amx ? at::kChar : at::kByte) : (p.amx ? at::kBFloat16 : at::kFloat);
-  at::Tensor buf = (sq && !p.amx) ? at::full({rows, Kp}, 128, x.options().dtype(st)) : at::zeros({rows, Kp}, x.options().dtype(st));
+  const bool sq = p.kind == P_SQ, limbs = p.kind == P_I8Q, i8 = sq || limbs;
+  const int64_t rows = limbs ? (p.amx ? (M + LIMB_ROWS - 1) / LIMB_ROWS * 16 : 3 * M)
+                             : (p.amx ? (M + 15) / 16 * 16 : M);
+  at::ScalarType st = i8 ? (p.amx ? at::kChar : at::kByte) : (p.amx ? at::kBFloat16 : at::kFloat);
+  at::Tensor buf = (i8 && !p.amx) ? at::full({rows, Kp}, 128, x.options().dtype(st)) : at::zeros({rows, Kp}, x.options().dtype(st));
   std::vector<float> h(K);
   const int64_t es = x.element_size();
   for (int64_t m = 0; m < M; ++m) {
@@ -377,7 +495,11 @@ at::Tensor stage_input(const at::Tensor& x, const LinearPlan& p, const c10::opti
     } else {
       src = static_cast<const float*>(xr);
     }
-    if (sq) {  // torch's op order: round(x · pre / a), clamp to [-128, 127]
+    if (limbs) {
+      int8_t* base = static_cast<int8_t*>(buf.data_ptr());
+      const int64_t r0 = p.amx ? (m / LIMB_ROWS) * 16 + 3 * (m % LIMB_ROWS) : 3 * m;
+      limb_scale[m] = stage_limbs(src, K, base + r0 * Kp, base + (r0 + 1) * Kp, base + (r0 + 2) * Kp, p.amx ? 0 : 128);
+    } else if (sq) {  // torch's op order: round(x · pre / a), clamp to [-128, 127]
       const __m512 av = _mm512_set1_ps(sq_act);
       for (int64_t k = 0; k < K; k += 16) {
         const __mmask16 mk = tail16(K - k);
@@ -407,9 +529,9 @@ void set_amx(bool on) { g_amx_allowed.store(on ? 1 : 0); }
 
 std::vector<at::Tensor> pack_weight(const at::Tensor& w, int64_t kind, bool swiglu) {
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "pack_weight: contiguous [N, K]");
-  TORCH_CHECK(kind >= P_BF16 && kind <= P_SQ, "pack_weight: unknown kind");
-#if !defined(__AVX512VNNI__)
-  TORCH_CHECK(kind != P_SQ, "pack_weight: SmoothQuant needs AVX512_VNNI");
+  TORCH_CHECK(kind >= P_BF16 && kind <= P_I8Q, "pack_weight: unknown kind");
+#if !defined(__AVX512VNNI__) || !defined(__AVX512DQ__)
+  TORCH_CHECK(!quads(static_cast<int>(kind)), "pack_weight: int8 x int8 products need AVX512_VNNI and AVX512DQ");
 #endif
   const int64_t N = w.size(0), K = w.size(1), g = kgroup(static_cast<int>(kind)), al = kalign(static_cast<int>(kind));
   const int64_t Kp = (K + al - 1) / al * al, half = N / 2;
@@ -429,7 +551,7 @@ std::vector<at::Tensor> pack_weight(const at::Tensor& w, int64_t kind, bool swig
         int32_t sum = 0;
         for (int64_t k = 0; k < K; ++k) {
           std::memcpy(dst + (((blk * (Kp / g) + k / g) * 16 + i) * g + k % g) * es, src + (row * K + k) * es, es);
-          if (kind == P_SQ) sum += static_cast<const int8_t*>(w.data_ptr())[row * K + k];
+          if (quads(static_cast<int>(kind))) sum += static_cast<const int8_t*>(w.data_ptr())[row * K + k];
         }
         rowsum.data_ptr<int32_t>()[blk * 16 + i] = sum;
       }
@@ -446,7 +568,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tenso
   const bool is_bf16 = x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(is_bf16 || x.scalar_type() == at::kFloat, "linear: bf16 or fp32 activations");
   const bool pair = kind == P_BF16 || kind == P_I8P;
-  TORCH_CHECK(kind == P_SQ || pair == is_bf16, "linear: packing does not match the activation dtype");
+  TORCH_CHECK(kind == P_SQ || (kind == P_I8Q ? is_bf16 : pair == is_bf16), "linear: packing does not match the activation dtype");
   LinearPlan p;
   p.M = x.size(0);
   p.K = x.size(1);
@@ -458,7 +580,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tenso
   p.NB = packed.size(0);
   p.Kp = packed.size(1) * packed.size(3);
   TORCH_CHECK(p.Kp >= p.K && p.Kp - p.K < kalign(p.kind), "linear: packed K does not match x");
-  p.amx = (pair || kind == P_SQ) && amx_active();
+  p.amx = (pair || quads(p.kind)) && amx_active();
   const int64_t nout = swiglu ? N / 2 : N;
   if (norm_weight.has_value()) {
     TORCH_CHECK(norm_weight->scalar_type() == x.scalar_type() && norm_weight->numel() == p.K &&
@@ -470,12 +592,15 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tenso
     pre = sq_pre->data_ptr<float>();
     p.rowsum = rowsum.data_ptr<int32_t>();
   }
+  if (kind == P_I8Q) p.rowsum = rowsum.data_ptr<int32_t>();
+  std::vector<double> limb_scale(kind == P_I8Q ? p.M : 0);
+  p.limb_scale = limb_scale.data();
   at::Tensor staged;
   if (!norm_weight.has_value() && kind != P_SQ && !is_bf16 && p.Kp == p.K) {
     p.x = x.data_ptr();  // fp32 rows used in place
     p.ldx = x.stride(0);
   } else {
-    staged = stage_input(x, p, norm_weight, static_cast<float>(eps), pre, static_cast<float>(sq_act));
+    staged = stage_input(x, p, norm_weight, static_cast<float>(eps), pre, static_cast<float>(sq_act), limb_scale.data());
     p.x = staged.data_ptr();
     p.ldx = p.Kp;
   }
