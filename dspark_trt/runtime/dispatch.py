@@ -186,8 +186,38 @@ def markov_block(
         return api.markov_block(backbone_logits, anchor, w1, w2, temperature, seeds, positions, **extra)
     from dspark_trt.kernels.block_draft import reference
 
+    if w1 is not None and w2 is not None and all(s.greedy for s in sampling):
+        blk = _native_greedy(backbone_logits, anchor, w1, w2, **extra)
+        if blk is not None:
+            return blk
     return reference.markov_block(backbone_logits, anchor, w1, w2, temperature, seeds, positions, top_p, **extra,
                                   linear=_native_bias(w2))
+
+
+def _native_greedy(u: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+                   d2t: torch.Tensor | None, conf_bias: torch.Tensor | None, w_conf: torch.Tensor | None,
+                   conf_temp: torch.Tensor | None) -> Any:
+    """All-greedy rows on the CPU: the γ steps in one native call (runtime/native/draft.cpp: the reference's bias
+    product, add and argmax), confidences from the chosen tokens afterwards (the reference's per-row sums) →
+    reference.MarkovBlock, bit for bit the reference's; None where the native kernels do not apply."""
+    from dspark_trt.runtime import native, ops
+
+    if torch.is_grad_enabled() or not (ops.use_native(u) and w1.device.type == w2.device.type == "cpu"):
+        return None
+    b, gamma, vd = u.shape
+    res = native.markov_greedy(u, anchor, w1, w2, d2t)
+    if res is None:
+        return None
+    ids, toks = res  # [B, γ] draft-vocab ids, target ids
+    conf = None
+    if conf_bias is not None and w_conf is not None:
+        prev = torch.cat([anchor.long()[:, None], toks[:, :-1]], dim=1)  # [B, γ] x_{k-1}
+        s = (w1[prev].float() * w_conf.float()).sum(-1)  # [B, γ]
+        ct = torch.ones(gamma) if conf_temp is None else conf_temp.float()[:gamma]
+        conf = torch.sigmoid((conf_bias.float() + s) / ct)  # [B, γ]
+    from dspark_trt.kernels.block_draft.reference import MarkovBlock
+
+    return MarkovBlock(toks, torch.nn.functional.one_hot(ids, vd).to(torch.float32), conf)
 
 
 def _native_bias(w2: torch.Tensor | None) -> Any:

@@ -134,7 +134,7 @@ def forward_native(model: "CausalLM", input_ids: torch.Tensor, cache: "KVCache",
         ck, cv = ks[i], vs[i]  # [S, Hkv, seq_alloc, D]
         h = qkv(x, norm=ln1)  # [B·T, (H + 2Hkv) D]
         q = ext.rope_kv(h if h.is_contiguous() else h.contiguous(), cos, sin, pos, ck, cv, slots, H, Hkv)  # [B·T, H·D]
-        o = ext.attend(q, ck, cv, slots, start, lens, H, window, scale)  # [B·T, H·D]
+        o = ext.attend(q, ck, cv, slots, start, lens, H, window, scale, False)  # [B·T, H·D]
         x = dense(o, residual=x)  # [B·T, d]
         x = proj(fc(x, norm=ln2), residual=x)  # [B·T, d]
         if i in tapset:

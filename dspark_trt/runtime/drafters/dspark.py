@@ -115,6 +115,28 @@ class DSparkModel(nn.Module):
             h = layer(h, pos, k, v, mask, rope, ctx_lens)
         return self.norm(h)
 
+    def rope_table(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [≥ n, hd] in the param dtype: rope_cos_sin's values by position, built once (grown on demand)."""
+        hit = self.__dict__.get("_rope_table")
+        if hit is None or hit[0].shape[0] < n or hit[0].dtype != self.param_dtype:
+            size = max(n, 2 * hit[0].shape[0] if hit is not None else 512)
+            cos, sin = self.layers[0].rope(torch.arange(size, device=self.fc.weight.device)[None], self.param_dtype)
+            hit = self.__dict__["_rope_table"] = (cos[0, 0].contiguous(), sin[0, 0].contiguous())  # [size, hd]
+        return hit
+
+    def backbone_native(self, anchors: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor],
+                        slots: torch.Tensor, lens: torch.Tensor, gamma: int) -> torch.Tensor:
+        """Inference backbone on the native kernels (DSparkLayer.forward_native): anchors [B], per-layer context
+        caches ks / vs [S, Hkv, max_seq, hd], slots / lens [B] (context lengths) → final-normed [B, γ, d]."""
+        B = anchors.shape[0]
+        pos = (lens[:, None] + torch.arange(gamma)).reshape(-1)  # [B·γ]
+        cos, sin = self.rope_table(int(pos.max()) + 1)
+        h = self.block_input(anchors, gamma).reshape(B * gamma, -1).contiguous()  # [B·γ, d]
+        starts, counts = lens.long().contiguous(), torch.full((B,), gamma, dtype=torch.long)
+        for layer, ck, cv in zip(self.layers, ks, vs):
+            h = layer.forward_native(h, pos, ck, cv, slots, starts, counts, cos, sin)
+        return self.norm(h).view(B, gamma, -1)
+
     def base_logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [..., d] → U [..., Vd] (float32)."""
         _, head = self._need_target()
@@ -248,6 +270,31 @@ class DSparkDrafter:
                 self._k[li][slot, :, p0:p0 + n] = k[0]
                 self._v[li][slot, :, p0:p0 + n] = v[0]
 
+    def _native_ok(self, span: int) -> bool:
+        """Whether the backbone runs on the native kernels: built and on (runtime.ops), plain layers in a dtype they
+        cover, and room past the context for the block's scratch KV."""
+        from dspark_trt.runtime import native, ops
+
+        m = self.model
+        if self.device.type != "cpu" or span > self.max_seq or not ops.use_native(m.fc.weight):
+            return False
+        w = m.layers[0].q_proj.weight
+        return native.kind_for(w, w.dtype) is not None and all(layer.native_ready() for layer in m.layers)
+
+    def _backbone_torch(self, s: list[int], lens: torch.Tensor, anchors: torch.Tensor, C: int) -> torch.Tensor:
+        """The backbone on torch ops (DSparkLayer.forward) over the slots' context KV → [B, G, d]."""
+        m, G, dev = self.model, self.gamma, self.device
+        if len(s) == 1:  # a view of the slot's rows (the layers concatenate the block KV onto it anyway)
+            kv = [(k[s[0]:s[0] + 1, :, :C], v[s[0]:s[0] + 1, :, :C]) for k, v in zip(self._k, self._v)]
+        else:
+            idx = torch.tensor(s, device=dev)
+            kv = [(k[:, :, :C].index_select(0, idx), v[:, :, :C].index_select(0, idx)) for k, v in zip(self._k, self._v)]
+        # Each row attends to exactly its own context and the block (no mask, no padding keys: a padded softmax
+        # rounds differently), so a slot's draft has the same bits alone and in any batch.
+        ctx_lens = None if bool((lens == C).all()) else [int(n) for n in lens.tolist()]
+        pos = lens[:, None] + torch.arange(G, device=dev)  # [B, G]
+        return m.backbone(m.block_input(anchors, G), pos, kv, None, ctx_lens)
+
     def context_length(self, slot: int) -> int:
         return int(self._len[slot])
 
@@ -265,17 +312,11 @@ class DSparkDrafter:
         lens = self._len[s].to(dev)  # [B] context length = position of the anchor
         pos_d1 = lens + 1 if positions is None else torch.as_tensor(positions).to(dev)  # [B]
         B, C = len(s), max(1, int(lens.max()))
-        if B == 1:  # a view of the slot's rows (the layers concatenate the block KV onto it anyway)
-            kv = [(k[s[0]:s[0] + 1, :, :C], v[s[0]:s[0] + 1, :, :C]) for k, v in zip(self._k, self._v)]
-        else:
-            idx = torch.tensor(s, device=dev)
-            kv = [(k[:, :, :C].index_select(0, idx), v[:, :, :C].index_select(0, idx)) for k, v in zip(self._k, self._v)]
-        # Each row attends to exactly its own context and the block (no mask, no padding keys: a padded softmax
-        # rounds differently), so a slot's draft has the same bits alone and in any batch.
-        ctx_lens = None if bool((lens == C).all()) else [int(n) for n in lens.tolist()]
-        pos = lens[:, None] + torch.arange(G, device=dev)  # [B, G]
         anchors = anchors.to(dev)
-        hid = m.backbone(m.block_input(anchors, G), pos, kv, None, ctx_lens)  # [B, G, d]
+        if self._native_ok(int(lens.max()) + G):
+            hid = m.backbone_native(anchors, self._k, self._v, torch.tensor(s), lens, G)  # [B, G, d]
+        else:
+            hid = self._backbone_torch(s, lens, anchors, C)  # [B, G, d]
         U = m.base_logits(hid)[:, :gamma]  # [B, γ, Vd]; the full block's shapes, so every γ gets the same bits
         conf_parts = m.confidence_parts(hid)  # ([B, G], [r] | None) | None
         conf_bias, w_conf = (conf_parts[0][:, :gamma], conf_parts[1]) if conf_parts is not None else (None, None)

@@ -53,9 +53,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """HF Llama numerics (fp32 statistics, rounded to x's dtype, then · weight, rounded): the native kernels'
+        fused prologue computes the same."""
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (xf * self.weight.float()).to(x.dtype)
+        return xf.to(x.dtype) * self.weight.to(x.dtype)
 
 
 def rope_cos_sin(pos: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,6 +134,33 @@ class DSparkLayer(nn.Module):
         # inference: grouped-query SDPA reads each KV head in place (the same bits, no [B, H, C+Q, hd] copies)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[:, None],
                                               enable_gqa=k.shape[1] != q.shape[1])
+
+    def native_ready(self) -> bool:
+        """Whether forward_native applies: plain nn.Linear projections and a head_dim the native attention takes."""
+        mods = (self.q_proj, self.k_proj, self.v_proj, self.o_proj, self.up_proj, self.gate_proj, self.down_proj)
+        return all(type(m) is nn.Linear for m in mods) and self.head_dim in (16, 32, 64, 128, 256)
+
+    def forward_native(self, h: torch.Tensor, pos: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor,
+                       slots: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, cos: torch.Tensor,
+                       sin: torch.Tensor) -> torch.Tensor:
+        """Inference on the native kernels, one call per step: h [B·Q, d] block states (rows of B blocks of Q),
+        pos [B·Q] long, ck / cv [S, Hkv, max_seq, hd] this layer's context KV, slots / starts / lengths [B] (starts =
+        context length, lengths = Q), cos / sin [P, hd] → [B·Q, d]. The block's k, v are written past the context
+        (positions starts..starts+Q−1: scratch the next context extension overwrites); each query sees its row's
+        context and the whole block, in an attention of its own row (batch-invariant). RMSNorms fused into the
+        products that read them."""
+        from dspark_trt.runtime import native
+
+        ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
+        qkv = native.linear(h, fused_weight(self, "qkv", [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]),
+                            norm=ln1.weight, eps=ln1.eps)  # [B·Q, (H + 2·Hkv)·hd]
+        q = native.rope_kv(qkv, cos, sin, pos, ck, cv, slots, self.heads, self.kv_heads)  # [B·Q, H·hd]
+        o = native.attend(q, ck, cv, slots, starts, lengths, self.heads, None, self.head_dim ** -0.5,
+                          bidirectional=True)  # [B·Q, H·hd]
+        h = native.linear(o, self.o_proj.weight, residual=h)
+        a = native.linear(h, fused_weight(self, "up_gate", [self.up_proj.weight, self.gate_proj.weight]),
+                          norm=ln2.weight, eps=ln2.eps, swiglu=True)  # [B·Q, inter]
+        return native.linear(a, self.down_proj.weight, residual=h)
 
     def forward(self, h: torch.Tensor, pos: torch.Tensor, k_ctx: torch.Tensor, v_ctx: torch.Tensor,
                 mask: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor] | None = None,

@@ -4,7 +4,8 @@ torch.utils.cpp_extension at first use.
 Owns: whether they can run here (x86-64 with AVX-512F/BW, a working C++ toolchain, DSPARK_NATIVE not "0"),
 building and caching the extension under $DSPARK_CACHE/native (one build per kernel source, torch version and
 CPU flags; later processes load it in well under a second), the packed-weight cache (weights are re-laid out once
-per tensor version, see linear.cpp), the AMX switch, and typed wrappers `linear`, `rope_kv`, `attend`. Every failure to
+per tensor version, see linear.cpp), the AMX switch, and typed wrappers `linear`, `rope_kv`, `attend`,
+`markov_greedy`. Every failure to
 build is logged once and turns the native path off (the runtime then uses the pure-torch path of runtime.ops).
 Knows nothing about models.
 """
@@ -26,7 +27,7 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "module.cpp", HERE / "linear.cpp", HERE / "attention.cpp"]
+SOURCES = [HERE / "module.cpp", HERE / "linear.cpp", HERE / "attention.cpp", HERE / "draft.cpp"]
 HEADERS = [HERE / "common.h"]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-DNDEBUG"]
 # packing kinds, as linear.cpp `enum Pack`
@@ -207,7 +208,22 @@ def rope_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.
 
 
 def attend(q: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
-           lengths: torch.Tensor, heads: int, window: int | None, scale: float) -> torch.Tensor:
+           lengths: torch.Tensor, heads: int, window: int | None, scale: float, bidirectional: bool = False) -> torch.Tensor:
     """q [B·T, H·D]; row b's query t at position starts[b] + t over keys ≤ it (in the window) → [B·T, H·D];
-    queries t ≥ lengths[b] get zeros."""
-    return _ext().attend(q, ck, cv, slots, starts, lengths, heads, int(window or 0), float(scale))  # type: ignore[union-attr]
+    queries t ≥ lengths[b] get zeros. bidirectional: every query of row b sees keys up to starts[b] + lengths[b] − 1."""
+    return _ext().attend(q, ck, cv, slots, starts, lengths, heads, int(window or 0), float(scale),  # type: ignore[union-attr]
+                         bool(bidirectional))
+
+
+def markov_greedy(u: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+                  d2t: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Greedy DSpark Markov block (draft.cpp): u [B, γ, Vd] f32, anchor [B] long target ids, W1 [Vt, r], W2 [Vd, r]
+    in one param dtype, d2t [Vd] long | None → (draft-vocab ids [B, γ], target ids [B, γ]); None when the native
+    kernels do not cover these dtypes."""
+    k = kind_for(w2, w2.dtype) if w1.dtype == w2.dtype else None
+    if _ext() is None or k is None:
+        return None
+    pk, rowsum = packed(w2, k)
+    out = _ext().markov_greedy(u.float().contiguous(), anchor.long().contiguous(), w1.contiguous(), pk, rowsum,  # type: ignore[union-attr]
+                               k, w2.shape[0], None if d2t is None else d2t.long().contiguous())
+    return out[0], out[1]

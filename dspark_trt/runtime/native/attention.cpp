@@ -116,6 +116,7 @@ struct AttnArgs {
   int64_t H, Hkv, G, MS, T;
   int64_t window;
   float scale;
+  bool bidir;  // every query of a row sees the row's whole span (starts + lengths − 1), not just keys ≤ its own
 };
 
 template <bool BF16>
@@ -153,7 +154,7 @@ void attend_unit(const AttnArgs& a, int64_t b, int64_t g, std::vector<float>& kf
   }
   const __m512 sc = _mm512_set1_ps(a.scale);
   for (int64_t t = 0; t < nq; ++t) {
-    const int64_t m = b * a.T + t, p = p_first + t;
+    const int64_t m = b * a.T + t, p = a.bidir ? p_last : p_first + t;
     const int64_t lo = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
     const int64_t n = p - lo + 1, np = (n + 15) / 16 * 16, j_off = lo - lo0;
     sbuf.assign(np, 0.0f);
@@ -221,8 +222,10 @@ void attend_unit_d(const AttnArgs& a, int64_t DV, int64_t b, int64_t g, std::vec
 // p = starts[b] + t attends keys lo..p of slot slots[b] (lo = p − window + 1 with a sliding window, else 0); rows
 // t ≥ lengths[b] get zeros. Scores fp32 (per key a fixed FMA chain over D, then hsum16 by blocks of 16 keys),
 // softmax with common.h's exp, P·V accumulated in fp32 key by key.
+// bidir: every query of row b attends keys lo..starts[b] + lengths[b] − 1 (a block that sees itself whole).
 at::Tensor attend(const at::Tensor& q, const at::Tensor& ck, const at::Tensor& cv, const at::Tensor& slots,
-                  const at::Tensor& starts, const at::Tensor& lengths, int64_t H, int64_t window, double scale) {
+                  const at::Tensor& starts, const at::Tensor& lengths, int64_t H, int64_t window, double scale,
+                  bool bidir) {
   TORCH_CHECK(q.is_contiguous() && ck.is_contiguous() && cv.is_contiguous(), "attend: contiguous tensors");
   const bool is_bf16 = q.scalar_type() == at::kBFloat16;
   TORCH_CHECK(ck.scalar_type() == q.scalar_type() && cv.scalar_type() == q.scalar_type(), "attend: dtypes");
@@ -235,7 +238,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& ck, const at::Tensor& c
   AttnArgs a{static_cast<const char*>(q.data_ptr()), static_cast<const char*>(ck.data_ptr()),
              static_cast<const char*>(cv.data_ptr()), static_cast<char*>(out.data_ptr()), slots.data_ptr<int64_t>(),
              starts.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), H, Hkv, H / Hkv, ck.size(2), M / B, window,
-             static_cast<float>(scale)};
+             static_cast<float>(scale), bidir};
   int64_t total = 0;
   for (int64_t b = 0; b < B; ++b) total += a.lengths[b] * (a.starts[b] + a.lengths[b]);
   const int64_t units = B * Hkv;

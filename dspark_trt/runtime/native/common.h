@@ -73,7 +73,7 @@ inline __m512 silu_x16(__m512 v) {  // v / (1 + exp(-v)), torch's formula
   return _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), exp_x16(_mm512_sub_ps(_mm512_setzero_ps(), v))));
 }
 
-// tensors (declared here, defined in linear.cpp / attention.cpp, bound in module.cpp)
+// tensors (declared here, defined in linear.cpp / attention.cpp / draft.cpp, bound in module.cpp)
 std::vector<at::Tensor> pack_weight(const at::Tensor& w, int64_t kind, bool swiglu);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& rowsum, int64_t kind, int64_t N,
                   bool swiglu, const c10::optional<at::Tensor>& scale, const c10::optional<at::Tensor>& bias,
@@ -82,7 +82,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tenso
 at::Tensor rope_kv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& pos,
                    at::Tensor& ck, at::Tensor& cv, const at::Tensor& slots, int64_t H, int64_t Hkv);
 at::Tensor attend(const at::Tensor& q, const at::Tensor& ck, const at::Tensor& cv, const at::Tensor& slots,
-                  const at::Tensor& starts, const at::Tensor& lengths, int64_t H, int64_t window, double scale);
+                  const at::Tensor& starts, const at::Tensor& lengths, int64_t H, int64_t window, double scale,
+                  bool bidir);
+at::Tensor markov_greedy(const at::Tensor& U, const at::Tensor& anchor, const at::Tensor& w1, const at::Tensor& w2p,
+                         const at::Tensor& rowsum, int64_t kind, int64_t vd, const c10::optional<at::Tensor>& d2t);
 bool amx_active();
 void set_amx(bool on);
 std::string build_info();
