@@ -1,5 +1,5 @@
-"""Native row-invariant CPU kernels of the runtime (linear.cpp, attention.cpp; bound by module.cpp), compiled with
-torch.utils.cpp_extension at first use.
+"""Native row-invariant CPU kernels of the runtime (linear.cpp / linear_fma.cpp, attention.cpp, draft.cpp; bound by
+module.cpp), compiled with torch.utils.cpp_extension at first use.
 
 Owns: whether they can run here (x86-64 with AVX-512F/BW, a working C++ toolchain, DSPARK_NATIVE not "0"),
 building and caching the extension under $DSPARK_CACHE/native (one build per kernel source, torch version and
@@ -27,8 +27,8 @@ import torch
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "module.cpp", HERE / "linear.cpp", HERE / "attention.cpp", HERE / "draft.cpp"]
-HEADERS = [HERE / "common.h"]
+SOURCES = [HERE / "module.cpp", HERE / "linear.cpp", HERE / "linear_fma.cpp", HERE / "attention.cpp", HERE / "draft.cpp"]
+HEADERS = [HERE / "common.h", HERE / "linear.h"]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-DNDEBUG"]
 # packing kinds, as linear.cpp `enum Pack`
 P_BF16, P_F32, P_I8P, P_I8F, P_SQ, P_I8Q = 0, 1, 2, 3, 4, 5

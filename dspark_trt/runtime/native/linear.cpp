@@ -1,40 +1,16 @@
-// Row-invariant products of the dspark_trt native kernels: y = epilogue(x · wᵀ) for bf16, fp32, W8A16 (int8 weight,
-// per-row scale) and SmoothQuant (int8 x int8) weights, with fused RMSNorm (prologue), scale, bias, SwiGLU, residual.
-//
-// Weights are packed once (pack_weight) into blocks of 16 output rows:
-//   P_BF16 bf16 [NB, Kp/2, 16, 2]  k-pairs (VNNI / AMX-B layout), Kp = K rounded up to 32
-//   P_F32  fp32 [NB, K, 16]
-//   P_I8P  int8 [NB, Kp/2, 16, 2]  W8A16 with bf16 activations, widened exactly to bf16
-//   P_I8F  int8 [NB, K, 16]        W8A16 with fp32 activations
-//   P_SQ   int8 [NB, Kp/4, 16, 4]  k-quads, Kp = K rounded up to 64
-//   P_I8Q  int8 [NB, Kp/4, 16, 4]  W8A16 with bf16 activations as exact integer products (see stage_input)
-// SwiGLU packs block 2i = up rows [16i, 16i+16) and block 2i+1 = fc rows N/2 + [16i, 16i+16).
-//
-// W8A16 on P_I8Q reads each int8 weight as it is, with no widening: each bf16 activation row x is written exactly as
-// fixed point, x = s · v with s = 2^(e - 22) (2^e > max|x|) and v an integer (elements more than 2^15 below the row's
-// maximum are rounded to the grid), and v as three signed base-256 digits (limbs, each in [-128, 127]). The three
-// limb products with the int8 weights are exact int32 sums (TDPBSSD, or VNNI dpbusd on the FMA engine, which gives the
-// same bits); y = fp32(s · (H·65536 + M·256 + L)) is the exact sum rounded once.
-//
-// Two engines, one per process (AMX when the CPU and kernel allow it): AMX tiles (bf16: TDPBF16PS, SQ: TDPBSSD) on
-// 16-row activation tiles, or AVX-512 FMA with the 16 output rows in the vector lanes. In both, output (m, n) is one
-// accumulation over k in a fixed order that involves only activation row m and weight row n — never other rows,
-// the row count, the row's place in a tile or the thread split — so every row's bits are independent of its batch.
+// Row-invariant products of the dspark_trt native kernels: packing, staging (RMSNorm prologue, SmoothQuant / limb
+// quantization), the AMX engine and linear(). Layouts, W8A16 limbs and the engines' invariants: linear.h.
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
 
-#include "common.h"
+#include "linear.h"
 
 namespace dspark {
 namespace {
 
-enum Pack { P_BF16 = 0, P_F32 = 1, P_I8P = 2, P_I8F = 3, P_SQ = 4, P_I8Q = 5 };
-inline bool quads(int kind) { return kind == P_SQ || kind == P_I8Q; }  // int8 x int8 products on k-quads
-inline int kgroup(int kind) { return quads(kind) ? 4 : (kind == P_BF16 || kind == P_I8P) ? 2 : 1; }
-inline int64_t kalign(int kind) { return quads(kind) ? 64 : (kind == P_BF16 || kind == P_I8P) ? 32 : 1; }
-constexpr int LIMB_ROWS = 5;  // P_I8Q on AMX: activation rows per 16-row tile (3 limb rows each, row 15 unused)
+using namespace lin;
 
 std::atomic<int> g_amx_allowed{1};
 
@@ -48,90 +24,6 @@ bool amx_supported() {
 #else
   return false;
 #endif
-}
-
-struct LinearPlan {
-  int64_t M = 0, K = 0, N = 0, Kp = 0, NB = 0;
-  int kind = P_BF16;
-  bool swiglu = false, bf16 = true, out_f32 = false, amx = false;
-  const void* x = nullptr;  // staged activations, ldx elements per row (see stage_input)
-  int64_t ldx = 0;
-  const void* w = nullptr;  // packed weight
-  const float* scale = nullptr;
-  const int32_t* rowsum = nullptr;  // SQ / I8Q on the FMA engine: Σ_k w[n, k] (activations are stored +128)
-  const double* limb_scale = nullptr;  // I8Q: per activation row, s = 2^(e - 22)
-  const void* bias = nullptr;
-  bool bias_f32 = false;
-  const void* res = nullptr;
-  void* out = nullptr;
-};
-
-// ---------------------------------------------------------------------------------------------------- epilogue
-inline void block_rows(const LinearPlan& p, int64_t blk, int64_t* row0, __mmask16* valid) {
-  const int64_t half = p.N / 2;
-  const int64_t r0 = p.swiglu ? (blk / 2) * 16 + (blk % 2 ? half : 0) : blk * 16;
-  const int64_t lim = p.swiglu ? (blk % 2 ? p.N : half) : p.N;
-  *row0 = r0;
-  *valid = tail16(std::max<int64_t>(0, lim - r0));
-}
-
-// · scale, (+ fp32 bias), round to the model dtype, (+ model-dtype bias, rounded): torch / HF op order
-inline __m512 finish(const LinearPlan& p, int64_t row0, __mmask16 valid, __m512 v) {
-  if (p.scale) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(valid, p.scale + row0));
-  if (p.bias && p.bias_f32) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(valid, static_cast<const float*>(p.bias) + row0));
-  if (p.bf16) v = round_bf16_x16(v);
-  if (p.bias && !p.bias_f32) {
-    v = p.bf16 ? round_bf16_x16(_mm512_add_ps(v, maskz_load_bf16x16(valid, static_cast<const uint16_t*>(p.bias) + row0)))
-               : _mm512_add_ps(v, _mm512_maskz_loadu_ps(valid, static_cast<const float*>(p.bias) + row0));
-  }
-  return v;
-}
-
-inline void store16(const LinearPlan& p, int64_t m, int64_t col0, __mmask16 valid, __m512 y) {
-  const int64_t ldo = p.swiglu ? p.N / 2 : p.N;
-  if (p.res) {
-    y = p.bf16 ? round_bf16_x16(_mm512_add_ps(maskz_load_bf16x16(valid, static_cast<const uint16_t*>(p.res) + m * ldo + col0), y))
-               : _mm512_add_ps(_mm512_maskz_loadu_ps(valid, static_cast<const float*>(p.res) + m * ldo + col0), y);
-  }
-  if (p.out_f32 || !p.bf16) {
-    _mm512_mask_storeu_ps(static_cast<float*>(p.out) + m * ldo + col0, valid, y);
-  } else {
-    _mm256_mask_storeu_epi16(static_cast<uint16_t*>(p.out) + m * ldo + col0, valid, f2b_x16(y));
-  }
-}
-
-// Raw sums of blocks blk (and blk + 1 for SwiGLU) for activation row m → outputs.
-inline void emit(const LinearPlan& p, int64_t m, int64_t blk, __m512 v) {
-  int64_t r0;
-  __mmask16 valid;
-  block_rows(p, blk, &r0, &valid);
-  store16(p, m, r0, valid, finish(p, r0, valid, v));
-}
-inline void emit_swiglu(const LinearPlan& p, int64_t m, int64_t blk_up, __m512 vu, __m512 vf) {
-  int64_t ru, rf;
-  __mmask16 mu, mf;
-  block_rows(p, blk_up, &ru, &mu);
-  block_rows(p, blk_up + 1, &rf, &mf);
-  const __m512 up = finish(p, ru, mu, vu), fc = finish(p, rf, mf, vf);
-  __m512 s = silu_x16(fc);
-  if (p.bf16) s = round_bf16_x16(s);
-  __m512 y = _mm512_mul_ps(up, s);
-  if (p.bf16) y = round_bf16_x16(y);
-  store16(p, m, ru, mu, y);
-}
-
-// I8Q: the three limb sums (int32 lanes) of one activation row → fp32(s · (H·65536 + M·256 + L)), rounded once
-inline __m512 limb_sum(__m512i lo, __m512i mid, __m512i hi, double s) {
-  const __m512d sv = _mm512_set1_pd(s);
-  auto half = [&](__m256i l, __m256i m, __m256i h) {
-    const __m512i t = _mm512_add_epi64(_mm512_add_epi64(_mm512_slli_epi64(_mm512_cvtepi32_epi64(h), 16),
-                                                        _mm512_slli_epi64(_mm512_cvtepi32_epi64(m), 8)),
-                                       _mm512_cvtepi32_epi64(l));
-    return _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi64_pd(t), sv));  // exact int64 → double, × 2^k, one rounding
-  };
-  const __m256 a = half(_mm512_castsi512_si256(lo), _mm512_castsi512_si256(mid), _mm512_castsi512_si256(hi));
-  const __m256 b = half(_mm512_extracti64x4_epi64(lo, 1), _mm512_extracti64x4_epi64(mid, 1), _mm512_extracti64x4_epi64(hi, 1));
-  return _mm512_insertf32x8(_mm512_castps256_ps512(a), b, 1);
 }
 
 // ---------------------------------------------------------------------------------------------------- AMX engine
@@ -239,179 +131,13 @@ void amx_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
 }
 #endif
 
-// ---------------------------------------------------------------------------------------------------- FMA engine
-// acc[b][m] (lanes = rows of weight block blk0 + b) = Σ_k x[m0 + m, k] · w[row, k], k in order (k-pairs: k, then
-// k + 1). Staged activations: fp32 (bf16 models widened), or uint8 = int8 + 128 for SQ (VNNI dpbusd).
-template <int KIND, int MRT, int NBT>
-inline void fma_tile(const LinearPlan& p, int64_t m0, int64_t blk0) {
-  __m512 acc[NBT][MRT];
-  for (int b = 0; b < NBT; ++b)
-    for (int m = 0; m < MRT; ++m) acc[b][m] = _mm512_setzero_ps();
-  const int64_t Kp = p.Kp;
-  if constexpr (KIND == P_BF16 || KIND == P_I8P) {
-    const float* xr = static_cast<const float*>(p.x) + m0 * p.ldx;
-    const int64_t kq = Kp / 2;
-    for (int64_t k2 = 0; k2 < kq; ++k2) {
-      __m512 w0[NBT], w1[NBT];
-      for (int b = 0; b < NBT; ++b) {
-        if constexpr (KIND == P_BF16) {
-          const __m512i raw = _mm512_loadu_si512(static_cast<const uint16_t*>(p.w) + ((blk0 + b) * kq + k2) * 32);
-          w0[b] = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
-          w1[b] = _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
-        } else {
-          const __m512i raw = _mm512_cvtepi8_epi16(
-              _mm256_loadu_si256((const __m256i*)(static_cast<const int8_t*>(p.w) + ((blk0 + b) * kq + k2) * 32)));
-          w0[b] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(raw, 16), 16));
-          w1[b] = _mm512_cvtepi32_ps(_mm512_srai_epi32(raw, 16));
-        }
-      }
-      for (int m = 0; m < MRT; ++m) {
-        const __m512 x0 = _mm512_set1_ps(xr[m * p.ldx + 2 * k2]), x1 = _mm512_set1_ps(xr[m * p.ldx + 2 * k2 + 1]);
-        for (int b = 0; b < NBT; ++b) acc[b][m] = _mm512_fmadd_ps(x1, w1[b], _mm512_fmadd_ps(x0, w0[b], acc[b][m]));
-      }
-    }
-  } else if constexpr (KIND == P_F32 || KIND == P_I8F) {
-    const float* xr = static_cast<const float*>(p.x) + m0 * p.ldx;
-    for (int64_t k = 0; k < Kp; ++k) {
-      __m512 wv[NBT];
-      for (int b = 0; b < NBT; ++b) {
-        if constexpr (KIND == P_F32) {
-          wv[b] = _mm512_loadu_ps(static_cast<const float*>(p.w) + ((blk0 + b) * Kp + k) * 16);
-        } else {
-          wv[b] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-              _mm_loadu_si128((const __m128i*)(static_cast<const int8_t*>(p.w) + ((blk0 + b) * Kp + k) * 16))));
-        }
-      }
-      for (int m = 0; m < MRT; ++m) {
-        const __m512 xv = _mm512_set1_ps(xr[m * p.ldx + k]);
-        for (int b = 0; b < NBT; ++b) acc[b][m] = _mm512_fmadd_ps(xv, wv[b], acc[b][m]);
-      }
-    }
-  } else {
-#if defined(__AVX512VNNI__)
-    const uint8_t* xr = static_cast<const uint8_t*>(p.x) + m0 * p.ldx;
-    const int64_t kq = Kp / 4;
-    __m512i iacc[NBT][MRT];
-    for (int b = 0; b < NBT; ++b)
-      for (int m = 0; m < MRT; ++m) iacc[b][m] = _mm512_setzero_si512();
-    for (int64_t k4 = 0; k4 < kq; ++k4) {
-      __m512i wv[NBT];
-      for (int b = 0; b < NBT; ++b) wv[b] = _mm512_loadu_si512(static_cast<const int8_t*>(p.w) + ((blk0 + b) * kq + k4) * 64);
-      for (int m = 0; m < MRT; ++m) {
-        int32_t quad;
-        std::memcpy(&quad, xr + m * p.ldx + 4 * k4, 4);
-        const __m512i xv = _mm512_set1_epi32(quad);
-        for (int b = 0; b < NBT; ++b) iacc[b][m] = _mm512_dpbusd_epi32(iacc[b][m], xv, wv[b]);
-      }
-    }
-    for (int b = 0; b < NBT; ++b) {
-      const __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512(p.rowsum + (blk0 + b) * 16), 7);  // 128 · Σw
-      for (int m = 0; m < MRT; ++m) acc[b][m] = _mm512_cvtepi32_ps(_mm512_sub_epi32(iacc[b][m], corr));
-    }
-#endif
-  }
-  for (int m = 0; m < MRT; ++m) {
-    if (p.swiglu) {
-      if constexpr (NBT == 2) emit_swiglu(p, m0 + m, blk0, acc[0][m], acc[1][m]);
-    } else {
-      for (int b = 0; b < NBT; ++b) emit(p, m0 + m, blk0 + b, acc[b][m]);
-    }
-  }
-}
-
-#if defined(__AVX512VNNI__)
-// I8Q on the FMA engine: staged rows 3m + j = limb j of activation row m, stored + 128 (uint8, dpbusd); exact int32
-// sums, so the bits equal the AMX engine's.
-template <int MRT, int NBT>
-inline void fma_limb_tile(const LinearPlan& p, int64_t m0, int64_t blk0) {
-  __m512i acc[NBT][MRT][3];
-  for (int b = 0; b < NBT; ++b)
-    for (int m = 0; m < MRT; ++m)
-      for (int j = 0; j < 3; ++j) acc[b][m][j] = _mm512_setzero_si512();
-  const uint8_t* xr = static_cast<const uint8_t*>(p.x) + 3 * m0 * p.ldx;
-  const int64_t kq = p.Kp / 4;
-  for (int64_t k4 = 0; k4 < kq; ++k4) {
-    __m512i wv[NBT];
-    for (int b = 0; b < NBT; ++b) wv[b] = _mm512_loadu_si512(static_cast<const int8_t*>(p.w) + ((blk0 + b) * kq + k4) * 64);
-    for (int m = 0; m < MRT; ++m) {
-      for (int j = 0; j < 3; ++j) {
-        int32_t quad;
-        std::memcpy(&quad, xr + (3 * m + j) * p.ldx + 4 * k4, 4);
-        const __m512i xv = _mm512_set1_epi32(quad);
-        for (int b = 0; b < NBT; ++b) acc[b][m][j] = _mm512_dpbusd_epi32(acc[b][m][j], xv, wv[b]);
-      }
-    }
-  }
-  __m512 v[NBT][MRT];
-  for (int b = 0; b < NBT; ++b) {
-    const __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512(p.rowsum + (blk0 + b) * 16), 7);  // 128 · Σw
-    for (int m = 0; m < MRT; ++m) {
-      v[b][m] = limb_sum(_mm512_sub_epi32(acc[b][m][0], corr), _mm512_sub_epi32(acc[b][m][1], corr),
-                         _mm512_sub_epi32(acc[b][m][2], corr), p.limb_scale[m0 + m]);
-    }
-  }
-  for (int m = 0; m < MRT; ++m) {
-    if (p.swiglu) {
-      if constexpr (NBT == 2) emit_swiglu(p, m0 + m, blk0, v[0][m], v[1][m]);
-    } else {
-      for (int b = 0; b < NBT; ++b) emit(p, m0 + m, blk0 + b, v[b][m]);
-    }
-  }
-}
-
-void fma_limb_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
-  constexpr int64_t MR = 2;
-  for (int64_t m0 = 0; m0 < p.M; m0 += MR) {
-    const bool two = m0 + 1 < p.M;
-    for (int64_t blk = b0; blk < b1; blk += 2) {
-      const bool pair = blk + 1 < b1;
-      if (two && pair) fma_limb_tile<2, 2>(p, m0, blk);
-      else if (two) fma_limb_tile<2, 1>(p, m0, blk);
-      else if (pair) fma_limb_tile<1, 2>(p, m0, blk);
-      else fma_limb_tile<1, 1>(p, m0, blk);
-    }
-  }
-}
-#endif
-
-template <int KIND, int NBT>
-void fma_rows(const LinearPlan& p, int64_t m0, int64_t mr, int64_t blk) {
-  switch (mr) {
-    case 1: fma_tile<KIND, 1, NBT>(p, m0, blk); break;
-    case 2: fma_tile<KIND, 2, NBT>(p, m0, blk); break;
-    case 3: fma_tile<KIND, 3, NBT>(p, m0, blk); break;
-    case 4: fma_tile<KIND, 4, NBT>(p, m0, blk); break;
-    case 5: fma_tile<KIND, 5, NBT>(p, m0, blk); break;
-    default: fma_tile<KIND, 6, NBT>(p, m0, blk); break;
-  }
-}
-
-template <int KIND>
-void fma_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
-  constexpr int64_t MR = 6;
-  for (int64_t m0 = 0; m0 < p.M; m0 += MR) {
-    const int64_t mr = std::min<int64_t>(MR, p.M - m0);
-    for (int64_t blk = b0; blk < b1; blk += 2) {
-      if (blk + 1 < b1) fma_rows<KIND, 2>(p, m0, mr, blk); else fma_rows<KIND, 1>(p, m0, mr, blk);
-    }
-  }
-}
-
 void run_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AMX_INT8__)
   if (p.amx) return amx_blocks(p, b0, b1);
 #endif
-  switch (p.kind) {
-    case P_BF16: fma_blocks<P_BF16>(p, b0, b1); break;
-    case P_F32: fma_blocks<P_F32>(p, b0, b1); break;
-    case P_I8P: fma_blocks<P_I8P>(p, b0, b1); break;
-    case P_I8F: fma_blocks<P_I8F>(p, b0, b1); break;
-#if defined(__AVX512VNNI__)
-    case P_I8Q: fma_limb_blocks(p, b0, b1); break;
-#endif
-    default: fma_blocks<P_SQ>(p, b0, b1); break;
-  }
+  fma_blocks_any(p, b0, b1);
 }
+
 
 // ---------------------------------------------------------------------------------------------------- prologue
 // RMSNorm of row m (HF numerics: fp32 statistics, x·r rounded to the model dtype, then · weight, rounded) into h.

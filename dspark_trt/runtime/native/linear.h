@@ -1,0 +1,127 @@
+// Shared parts of the native products (linear.cpp: packing, staging, AMX engine, linear(); linear_fma.cpp: the
+// AVX-512 FMA engine): packing kinds, the plan of one call and the epilogue both engines end in.
+//
+// The products: y = epilogue(x · wᵀ) for bf16, fp32, W8A16 (int8 weight,
+// per-row scale) and SmoothQuant (int8 x int8) weights, with fused RMSNorm (prologue), scale, bias, SwiGLU, residual.
+//
+// Weights are packed once (pack_weight) into blocks of 16 output rows:
+//   P_BF16 bf16 [NB, Kp/2, 16, 2]  k-pairs (VNNI / AMX-B layout), Kp = K rounded up to 32
+//   P_F32  fp32 [NB, K, 16]
+//   P_I8P  int8 [NB, Kp/2, 16, 2]  W8A16 with bf16 activations, widened exactly to bf16
+//   P_I8F  int8 [NB, K, 16]        W8A16 with fp32 activations
+//   P_SQ   int8 [NB, Kp/4, 16, 4]  k-quads, Kp = K rounded up to 64
+//   P_I8Q  int8 [NB, Kp/4, 16, 4]  W8A16 with bf16 activations as exact integer products (see stage_input)
+// SwiGLU packs block 2i = up rows [16i, 16i+16) and block 2i+1 = fc rows N/2 + [16i, 16i+16).
+//
+// W8A16 on P_I8Q reads each int8 weight as it is, with no widening: each bf16 activation row x is written exactly as
+// fixed point, x = s · v with s = 2^(e - 22) (2^e > max|x|) and v an integer (elements more than 2^15 below the row's
+// maximum are rounded to the grid), and v as three signed base-256 digits (limbs, each in [-128, 127]). The three
+// limb products with the int8 weights are exact int32 sums (TDPBSSD, or VNNI dpbusd on the FMA engine, which gives the
+// same bits); y = fp32(s · (H·65536 + M·256 + L)) is the exact sum rounded once.
+//
+// Two engines, one per process (AMX when the CPU and kernel allow it): AMX tiles (bf16: TDPBF16PS, SQ: TDPBSSD) on
+// 16-row activation tiles, or AVX-512 FMA with the 16 output rows in the vector lanes. In both, output (m, n) is one
+// accumulation over k in a fixed order that involves only activation row m and weight row n — never other rows,
+// the row count, the row's place in a tile or the thread split — so every row's bits are independent of its batch.
+#pragma once
+
+#include "common.h"
+
+namespace dspark {
+namespace lin {
+
+enum Pack { P_BF16 = 0, P_F32 = 1, P_I8P = 2, P_I8F = 3, P_SQ = 4, P_I8Q = 5 };
+inline bool quads(int kind) { return kind == P_SQ || kind == P_I8Q; }  // int8 x int8 products on k-quads
+inline int kgroup(int kind) { return quads(kind) ? 4 : (kind == P_BF16 || kind == P_I8P) ? 2 : 1; }
+inline int64_t kalign(int kind) { return quads(kind) ? 64 : (kind == P_BF16 || kind == P_I8P) ? 32 : 1; }
+constexpr int LIMB_ROWS = 5;  // P_I8Q on AMX: activation rows per 16-row tile (3 limb rows each, row 15 unused)
+
+struct LinearPlan {
+  int64_t M = 0, K = 0, N = 0, Kp = 0, NB = 0;
+  int kind = P_BF16;
+  bool swiglu = false, bf16 = true, out_f32 = false, amx = false;
+  const void* x = nullptr;  // staged activations, ldx elements per row (see stage_input)
+  int64_t ldx = 0;
+  const void* w = nullptr;  // packed weight
+  const float* scale = nullptr;
+  const int32_t* rowsum = nullptr;  // SQ / I8Q on the FMA engine: Σ_k w[n, k] (activations are stored +128)
+  const double* limb_scale = nullptr;  // I8Q: per activation row, s = 2^(e - 22)
+  const void* bias = nullptr;
+  bool bias_f32 = false;
+  const void* res = nullptr;
+  void* out = nullptr;
+};
+
+// ---------------------------------------------------------------------------------------------------- epilogue
+inline void block_rows(const LinearPlan& p, int64_t blk, int64_t* row0, __mmask16* valid) {
+  const int64_t half = p.N / 2;
+  const int64_t r0 = p.swiglu ? (blk / 2) * 16 + (blk % 2 ? half : 0) : blk * 16;
+  const int64_t lim = p.swiglu ? (blk % 2 ? p.N : half) : p.N;
+  *row0 = r0;
+  *valid = tail16(std::max<int64_t>(0, lim - r0));
+}
+
+// · scale, (+ fp32 bias), round to the model dtype, (+ model-dtype bias, rounded): torch / HF op order
+inline __m512 finish(const LinearPlan& p, int64_t row0, __mmask16 valid, __m512 v) {
+  if (p.scale) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(valid, p.scale + row0));
+  if (p.bias && p.bias_f32) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(valid, static_cast<const float*>(p.bias) + row0));
+  if (p.bf16) v = round_bf16_x16(v);
+  if (p.bias && !p.bias_f32) {
+    v = p.bf16 ? round_bf16_x16(_mm512_add_ps(v, maskz_load_bf16x16(valid, static_cast<const uint16_t*>(p.bias) + row0)))
+               : _mm512_add_ps(v, _mm512_maskz_loadu_ps(valid, static_cast<const float*>(p.bias) + row0));
+  }
+  return v;
+}
+
+inline void store16(const LinearPlan& p, int64_t m, int64_t col0, __mmask16 valid, __m512 y) {
+  const int64_t ldo = p.swiglu ? p.N / 2 : p.N;
+  if (p.res) {
+    y = p.bf16 ? round_bf16_x16(_mm512_add_ps(maskz_load_bf16x16(valid, static_cast<const uint16_t*>(p.res) + m * ldo + col0), y))
+               : _mm512_add_ps(_mm512_maskz_loadu_ps(valid, static_cast<const float*>(p.res) + m * ldo + col0), y);
+  }
+  if (p.out_f32 || !p.bf16) {
+    _mm512_mask_storeu_ps(static_cast<float*>(p.out) + m * ldo + col0, valid, y);
+  } else {
+    _mm256_mask_storeu_epi16(static_cast<uint16_t*>(p.out) + m * ldo + col0, valid, f2b_x16(y));
+  }
+}
+
+// Raw sums of blocks blk (and blk + 1 for SwiGLU) for activation row m → outputs.
+inline void emit(const LinearPlan& p, int64_t m, int64_t blk, __m512 v) {
+  int64_t r0;
+  __mmask16 valid;
+  block_rows(p, blk, &r0, &valid);
+  store16(p, m, r0, valid, finish(p, r0, valid, v));
+}
+inline void emit_swiglu(const LinearPlan& p, int64_t m, int64_t blk_up, __m512 vu, __m512 vf) {
+  int64_t ru, rf;
+  __mmask16 mu, mf;
+  block_rows(p, blk_up, &ru, &mu);
+  block_rows(p, blk_up + 1, &rf, &mf);
+  const __m512 up = finish(p, ru, mu, vu), fc = finish(p, rf, mf, vf);
+  __m512 s = silu_x16(fc);
+  if (p.bf16) s = round_bf16_x16(s);
+  __m512 y = _mm512_mul_ps(up, s);
+  if (p.bf16) y = round_bf16_x16(y);
+  store16(p, m, ru, mu, y);
+}
+
+// I8Q: the three limb sums (int32 lanes) of one activation row → fp32(s · (H·65536 + M·256 + L)), rounded once
+inline __m512 limb_sum(__m512i lo, __m512i mid, __m512i hi, double s) {
+  const __m512d sv = _mm512_set1_pd(s);
+  auto half = [&](__m256i l, __m256i m, __m256i h) {
+    const __m512i t = _mm512_add_epi64(_mm512_add_epi64(_mm512_slli_epi64(_mm512_cvtepi32_epi64(h), 16),
+                                                        _mm512_slli_epi64(_mm512_cvtepi32_epi64(m), 8)),
+                                       _mm512_cvtepi32_epi64(l));
+    return _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi64_pd(t), sv));  // exact int64 → double, × 2^k, one rounding
+  };
+  const __m256 a = half(_mm512_castsi512_si256(lo), _mm512_castsi512_si256(mid), _mm512_castsi512_si256(hi));
+  const __m256 b = half(_mm512_extracti64x4_epi64(lo, 1), _mm512_extracti64x4_epi64(mid, 1), _mm512_extracti64x4_epi64(hi, 1));
+  return _mm512_insertf32x8(_mm512_castps256_ps512(a), b, 1);
+}
+
+// FMA engine (linear_fma.cpp): weight blocks [b0, b1) for every activation row
+void fma_blocks_any(const LinearPlan& p, int64_t b0, int64_t b1);
+
+}  // namespace lin
+}  // namespace dspark

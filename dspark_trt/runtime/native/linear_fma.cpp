@@ -1,0 +1,184 @@
+// The AVX-512 FMA engine of the native products (the fallback where AMX is off or absent): the 16 output rows of a
+// weight block in the vector lanes, activation rows broadcast; int8 x int8 kinds on VNNI dpbusd. Layouts, plan and
+// epilogue: linear.h.
+#include "linear.h"
+
+namespace dspark {
+namespace lin {
+namespace {
+
+// ---------------------------------------------------------------------------------------------------- FMA engine
+// acc[b][m] (lanes = rows of weight block blk0 + b) = Σ_k x[m0 + m, k] · w[row, k], k in order (k-pairs: k, then
+// k + 1). Staged activations: fp32 (bf16 models widened), or uint8 = int8 + 128 for SQ (VNNI dpbusd).
+template <int KIND, int MRT, int NBT>
+inline void fma_tile(const LinearPlan& p, int64_t m0, int64_t blk0) {
+  __m512 acc[NBT][MRT];
+  for (int b = 0; b < NBT; ++b)
+    for (int m = 0; m < MRT; ++m) acc[b][m] = _mm512_setzero_ps();
+  const int64_t Kp = p.Kp;
+  if constexpr (KIND == P_BF16 || KIND == P_I8P) {
+    const float* xr = static_cast<const float*>(p.x) + m0 * p.ldx;
+    const int64_t kq = Kp / 2;
+    for (int64_t k2 = 0; k2 < kq; ++k2) {
+      __m512 w0[NBT], w1[NBT];
+      for (int b = 0; b < NBT; ++b) {
+        if constexpr (KIND == P_BF16) {
+          const __m512i raw = _mm512_loadu_si512(static_cast<const uint16_t*>(p.w) + ((blk0 + b) * kq + k2) * 32);
+          w0[b] = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+          w1[b] = _mm512_castsi512_ps(_mm512_and_si512(raw, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+        } else {
+          const __m512i raw = _mm512_cvtepi8_epi16(
+              _mm256_loadu_si256((const __m256i*)(static_cast<const int8_t*>(p.w) + ((blk0 + b) * kq + k2) * 32)));
+          w0[b] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(raw, 16), 16));
+          w1[b] = _mm512_cvtepi32_ps(_mm512_srai_epi32(raw, 16));
+        }
+      }
+      for (int m = 0; m < MRT; ++m) {
+        const __m512 x0 = _mm512_set1_ps(xr[m * p.ldx + 2 * k2]), x1 = _mm512_set1_ps(xr[m * p.ldx + 2 * k2 + 1]);
+        for (int b = 0; b < NBT; ++b) acc[b][m] = _mm512_fmadd_ps(x1, w1[b], _mm512_fmadd_ps(x0, w0[b], acc[b][m]));
+      }
+    }
+  } else if constexpr (KIND == P_F32 || KIND == P_I8F) {
+    const float* xr = static_cast<const float*>(p.x) + m0 * p.ldx;
+    for (int64_t k = 0; k < Kp; ++k) {
+      __m512 wv[NBT];
+      for (int b = 0; b < NBT; ++b) {
+        if constexpr (KIND == P_F32) {
+          wv[b] = _mm512_loadu_ps(static_cast<const float*>(p.w) + ((blk0 + b) * Kp + k) * 16);
+        } else {
+          wv[b] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+              _mm_loadu_si128((const __m128i*)(static_cast<const int8_t*>(p.w) + ((blk0 + b) * Kp + k) * 16))));
+        }
+      }
+      for (int m = 0; m < MRT; ++m) {
+        const __m512 xv = _mm512_set1_ps(xr[m * p.ldx + k]);
+        for (int b = 0; b < NBT; ++b) acc[b][m] = _mm512_fmadd_ps(xv, wv[b], acc[b][m]);
+      }
+    }
+  } else {
+#if defined(__AVX512VNNI__)
+    const uint8_t* xr = static_cast<const uint8_t*>(p.x) + m0 * p.ldx;
+    const int64_t kq = Kp / 4;
+    __m512i iacc[NBT][MRT];
+    for (int b = 0; b < NBT; ++b)
+      for (int m = 0; m < MRT; ++m) iacc[b][m] = _mm512_setzero_si512();
+    for (int64_t k4 = 0; k4 < kq; ++k4) {
+      __m512i wv[NBT];
+      for (int b = 0; b < NBT; ++b) wv[b] = _mm512_loadu_si512(static_cast<const int8_t*>(p.w) + ((blk0 + b) * kq + k4) * 64);
+      for (int m = 0; m < MRT; ++m) {
+        int32_t quad;
+        std::memcpy(&quad, xr + m * p.ldx + 4 * k4, 4);
+        const __m512i xv = _mm512_set1_epi32(quad);
+        for (int b = 0; b < NBT; ++b) iacc[b][m] = _mm512_dpbusd_epi32(iacc[b][m], xv, wv[b]);
+      }
+    }
+    for (int b = 0; b < NBT; ++b) {
+      const __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512(p.rowsum + (blk0 + b) * 16), 7);  // 128 · Σw
+      for (int m = 0; m < MRT; ++m) acc[b][m] = _mm512_cvtepi32_ps(_mm512_sub_epi32(iacc[b][m], corr));
+    }
+#endif
+  }
+  for (int m = 0; m < MRT; ++m) {
+    if (p.swiglu) {
+      if constexpr (NBT == 2) emit_swiglu(p, m0 + m, blk0, acc[0][m], acc[1][m]);
+    } else {
+      for (int b = 0; b < NBT; ++b) emit(p, m0 + m, blk0 + b, acc[b][m]);
+    }
+  }
+}
+
+#if defined(__AVX512VNNI__)
+// I8Q on the FMA engine: staged rows 3m + j = limb j of activation row m, stored + 128 (uint8, dpbusd); exact int32
+// sums, so the bits equal the AMX engine's.
+template <int MRT, int NBT>
+inline void fma_limb_tile(const LinearPlan& p, int64_t m0, int64_t blk0) {
+  __m512i acc[NBT][MRT][3];
+  for (int b = 0; b < NBT; ++b)
+    for (int m = 0; m < MRT; ++m)
+      for (int j = 0; j < 3; ++j) acc[b][m][j] = _mm512_setzero_si512();
+  const uint8_t* xr = static_cast<const uint8_t*>(p.x) + 3 * m0 * p.ldx;
+  const int64_t kq = p.Kp / 4;
+  for (int64_t k4 = 0; k4 < kq; ++k4) {
+    __m512i wv[NBT];
+    for (int b = 0; b < NBT; ++b) wv[b] = _mm512_loadu_si512(static_cast<const int8_t*>(p.w) + ((blk0 + b) * kq + k4) * 64);
+    for (int m = 0; m < MRT; ++m) {
+      for (int j = 0; j < 3; ++j) {
+        int32_t quad;
+        std::memcpy(&quad, xr + (3 * m + j) * p.ldx + 4 * k4, 4);
+        const __m512i xv = _mm512_set1_epi32(quad);
+        for (int b = 0; b < NBT; ++b) acc[b][m][j] = _mm512_dpbusd_epi32(acc[b][m][j], xv, wv[b]);
+      }
+    }
+  }
+  __m512 v[NBT][MRT];
+  for (int b = 0; b < NBT; ++b) {
+    const __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512(p.rowsum + (blk0 + b) * 16), 7);  // 128 · Σw
+    for (int m = 0; m < MRT; ++m) {
+      v[b][m] = limb_sum(_mm512_sub_epi32(acc[b][m][0], corr), _mm512_sub_epi32(acc[b][m][1], corr),
+                         _mm512_sub_epi32(acc[b][m][2], corr), p.limb_scale[m0 + m]);
+    }
+  }
+  for (int m = 0; m < MRT; ++m) {
+    if (p.swiglu) {
+      if constexpr (NBT == 2) emit_swiglu(p, m0 + m, blk0, v[0][m], v[1][m]);
+    } else {
+      for (int b = 0; b < NBT; ++b) emit(p, m0 + m, blk0 + b, v[b][m]);
+    }
+  }
+}
+
+void fma_limb_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
+  constexpr int64_t MR = 2;
+  for (int64_t m0 = 0; m0 < p.M; m0 += MR) {
+    const bool two = m0 + 1 < p.M;
+    for (int64_t blk = b0; blk < b1; blk += 2) {
+      const bool pair = blk + 1 < b1;
+      if (two && pair) fma_limb_tile<2, 2>(p, m0, blk);
+      else if (two) fma_limb_tile<2, 1>(p, m0, blk);
+      else if (pair) fma_limb_tile<1, 2>(p, m0, blk);
+      else fma_limb_tile<1, 1>(p, m0, blk);
+    }
+  }
+}
+#endif
+
+template <int KIND, int NBT>
+void fma_rows(const LinearPlan& p, int64_t m0, int64_t mr, int64_t blk) {
+  switch (mr) {
+    case 1: fma_tile<KIND, 1, NBT>(p, m0, blk); break;
+    case 2: fma_tile<KIND, 2, NBT>(p, m0, blk); break;
+    case 3: fma_tile<KIND, 3, NBT>(p, m0, blk); break;
+    case 4: fma_tile<KIND, 4, NBT>(p, m0, blk); break;
+    case 5: fma_tile<KIND, 5, NBT>(p, m0, blk); break;
+    default: fma_tile<KIND, 6, NBT>(p, m0, blk); break;
+  }
+}
+
+template <int KIND>
+void fma_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
+  constexpr int64_t MR = 6;
+  for (int64_t m0 = 0; m0 < p.M; m0 += MR) {
+    const int64_t mr = std::min<int64_t>(MR, p.M - m0);
+    for (int64_t blk = b0; blk < b1; blk += 2) {
+      if (blk + 1 < b1) fma_rows<KIND, 2>(p, m0, mr, blk); else fma_rows<KIND, 1>(p, m0, mr, blk);
+    }
+  }
+}
+
+}  // namespace
+
+void fma_blocks_any(const LinearPlan& p, int64_t b0, int64_t b1) {
+  switch (p.kind) {
+    case P_BF16: fma_blocks<P_BF16>(p, b0, b1); break;
+    case P_F32: fma_blocks<P_F32>(p, b0, b1); break;
+    case P_I8P: fma_blocks<P_I8P>(p, b0, b1); break;
+    case P_I8F: fma_blocks<P_I8F>(p, b0, b1); break;
+#if defined(__AVX512VNNI__)
+    case P_I8Q: fma_limb_blocks(p, b0, b1); break;
+#endif
+    default: fma_blocks<P_SQ>(p, b0, b1); break;
+  }
+}
+
+}  // namespace lin
+}  // namespace dspark
