@@ -37,13 +37,15 @@ struct alignas(64) TileConfig {
 // Blocks [b0, b1) (a multiple of 2 apart for SwiGLU), all 16-row activation tiles. Tiles 0-3 accumulate four
 // weight blocks, tile 4 holds the activation chunk, tiles 5 / 6 the weight chunks.
 void amx_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
+  const bool sq = quads(p.kind), limbs = p.kind == P_I8Q;
+  const int64_t rows_used = limbs ? 3 * std::min<int64_t>(p.M, LIMB_ROWS) : std::min<int64_t>(p.M, 16);
+  const int arows = static_cast<int>(p.M <= (limbs ? LIMB_ROWS : 16) ? rows_used : 16);  // one tile: only its rows
   TileConfig cfg;
   for (int t = 0; t < 7; ++t) {
-    cfg.rows[t] = 16;
+    cfg.rows[t] = (t <= 4) ? arows : 16;  // C tiles 0-3 and A tile 4 have the activation rows; B tiles 16 k-rows
     cfg.colsb[t] = 64;
   }
   _tile_loadconfig(&cfg);
-  const bool sq = quads(p.kind), limbs = p.kind == P_I8Q;
   const int64_t chunk = sq ? 64 : 32;  // k per tile step
   const int64_t nchunks = p.Kp / chunk;
   const int64_t block_bytes = p.Kp * 16 * (sq ? 1 : 2);
