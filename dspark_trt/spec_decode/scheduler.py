@@ -15,7 +15,9 @@ Policies:
   batch, by greedy admission of (request, position) pairs in descending a, stopping at the first drop; floor K = 0.
   Before drafting, `plan_drafting` weighs the drafter's own cost too: a request whose observed acceptance cannot
   pay for a drafter pass plus the extra verify tokens is not drafted (K = 0, drafter not run) for a backoff of
-  1, 2, 4, … rounds, then probed again — so a useless drafter costs little more than plain decoding. A
+  1, 2, 4, … rounds, then probed again — so a useless drafter costs little more than plain decoding. The gate has
+  hysteresis: open, it closes only when drafting promises < 1 − gate_hysteresis of plain; closed, it reopens at
+  ≥ 1 + gate_margin (a marginal drafter's noisy estimate would otherwise switch it off in rounds where it pays). A
   `GateMemory` carries the gate across requests (the observed survival and the backoff of one engine or server):
   a new request starts from what earlier requests measured, so short requests do not each re-probe from scratch.
 """
@@ -51,7 +53,8 @@ class PolicyConfig:
     weights: ConfidenceWeights = field(default_factory=ConfidenceWeights)
     draft_stop: float = 0.0  # draft-side early stop: cut where Π c_i < draft_stop (0 = off; needs drafter conf)
     gate: bool = True  # survival: skip drafting (with backoff) while the drafter does not pay for its own cost
-    gate_margin: float = 0.02  # survival gate: drafting must promise ≥ this relative gain over plain decoding
+    gate_margin: float = 0.02  # survival gate: a closed gate reopens when drafting promises ≥ this gain over plain
+    gate_hysteresis: float = 0.03  # survival gate: an open gate closes only when drafting promises < 1 − this
     max_backoff: int = 64  # survival gate: the longest run of undrafted rounds between probes
 
     def __post_init__(self) -> None:
@@ -68,9 +71,9 @@ class PolicyConfig:
             raise InvalidArgumentError(f"need 0 ≤ low < high ≤ 1, got low={self.low}, high={self.high}")
         if not 0.0 <= self.draft_stop < 1.0:
             raise InvalidArgumentError(f"draft_stop (confidence threshold) must be in [0, 1), got {self.draft_stop}")
-        if self.gate_margin < 0 or self.max_backoff < 1:
-            raise InvalidArgumentError(f"need gate_margin ≥ 0 and max_backoff ≥ 1, got {self.gate_margin}, "
-                                       f"{self.max_backoff}")
+        if self.gate_margin < 0 or not 0.0 <= self.gate_hysteresis < 1.0 or self.max_backoff < 1:
+            raise InvalidArgumentError(f"need gate_margin ≥ 0, 0 ≤ gate_hysteresis < 1 and max_backoff ≥ 1, got "
+                                       f"{self.gate_margin}, {self.gate_hysteresis}, {self.max_backoff}")
 
 
 @dataclass
@@ -307,8 +310,9 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
             out[r] = 0
         elif st.probe:  # drafts whatever the estimate says (no estimate yet: the drafter chose K = 0 → backoff)
             st.probe = False
-        elif drafting_gain(st.survival_est, out[r], rows, table) >= 1.0 + cfg.gate_margin:
-            st.backoff = 1
+        elif drafting_gain(st.survival_est, out[r], rows, table) >= (
+                1.0 - cfg.gate_hysteresis if st.backoff == 1 else 1.0 + cfg.gate_margin):
+            st.backoff = 1  # open: stays open until drafting clearly loses (acceptance comes in bursts)
         else:
             out[r] = 0
             st.skip_left = st.backoff - 1
