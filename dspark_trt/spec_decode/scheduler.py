@@ -252,7 +252,7 @@ def plan_survival(a_rows: Sequence[torch.Tensor], fixed_tokens: int, table: Cost
     return ks
 
 
-def observe_survival(state: PolicyState, k: int, accepted: int, floor_weight: float = 0.25) -> None:
+def observe_survival(state: PolicyState, k: int, accepted: int, floor_weight: float = 0.1) -> None:
     """Fold one verified round (k ≥ 1 tokens, `accepted` of them kept) into the observed survival estimate
     P(accepted ≥ j): a running mean over the first rounds, then an EMA with weight `floor_weight`."""
     state.observed += 1
