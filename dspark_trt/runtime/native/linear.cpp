@@ -38,7 +38,7 @@ struct alignas(64) TileConfig {
 // weight blocks, tile 4 holds the activation chunk, tiles 5 / 6 the weight chunks.
 void amx_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
   const bool sq = quads(p.kind), limbs = p.kind == P_I8Q;
-  const int64_t rows_used = limbs ? 3 * std::min<int64_t>(p.M, LIMB_ROWS) : std::min<int64_t>(p.M, 16);
+  const int64_t rows_used = limbs ? LIMBS * std::min<int64_t>(p.M, LIMB_ROWS) : std::min<int64_t>(p.M, 16);
   const int arows = static_cast<int>(p.M <= (limbs ? LIMB_ROWS : 16) ? rows_used : 16);  // one tile: only its rows
   TileConfig cfg;
   for (int t = 0; t < 7; ++t) {
@@ -114,8 +114,9 @@ void amx_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
         __m512 v[4];
         for (int j = 0; j < nq; ++j) {
           if (limbs) {
-            const float* c = cbuf[j] + 3 * r * 16;
-            v[j] = limb_sum(_mm512_load_si512(c), _mm512_load_si512(c + 16), _mm512_load_si512(c + 32), p.limb_scale[m]);
+            __m512i d[LIMBS];
+            for (int l = 0; l < LIMBS; ++l) d[l] = _mm512_load_si512(cbuf[j] + (LIMBS * r + l) * 16);
+            v[j] = limb_sum(d, p.limb_scale[m]);
           } else {
             v[j] = _mm512_load_ps(cbuf[j] + r * 16);
             if (sq) v[j] = _mm512_cvtepi32_ps(_mm512_castps_si512(v[j]));
@@ -168,41 +169,40 @@ void rms_norm_row(const void* x, const void* wt, float eps, int64_t K, bool is_b
   }
 }
 
-// I8Q: row src [K] (bf16 values) → three limb rows of int8 (+ bias: 128 for the FMA engine's uint8), returns s.
-double stage_limbs(const float* src, int64_t K, int8_t* lo, int8_t* mid, int8_t* hi, int bias) {
+// I8Q: row src [K] (bf16 values) → LIMBS digit rows of int8 (+ bias: 128 for the FMA engine's uint8), lowest digit
+// first (row j at dst + j·ld), returns s.
+double stage_limbs(const float* src, int64_t K, int8_t* dst, int64_t ld, int bias) {
   __m512 amax = _mm512_setzero_ps();
   for (int64_t k = 0; k < K; k += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_maskz_loadu_ps(tail16(K - k), src + k)));
   const float mx = _mm512_reduce_max_ps(amax);
   int e = 0;
   if (mx > 0.0f && std::isfinite(mx)) std::frexp(mx, &e);  // mx < 2^e
-  const __m512 shift = _mm512_set1_ps(static_cast<float>(22 - e));
+  const __m512 shift = _mm512_set1_ps(static_cast<float>(LIMB_BITS - e));
   const __m512i c128 = _mm512_set1_epi32(128), c255 = _mm512_set1_epi32(255), cb = _mm512_set1_epi32(bias);
   for (int64_t k = 0; k < K; k += 16) {
     const __mmask16 mk = tail16(K - k);
-    // v = round(x · 2^(22 - e)), |v| < 2^22; exact for elements within 2^15 of the row maximum
+    // v = round(x · 2^(LIMB_BITS - e)), |v| < 2^LIMB_BITS: exact for elements within 2^(LIMB_BITS - 7) of the maximum
     const __m512 f = _mm512_roundscale_ps(_mm512_scalef_ps(_mm512_maskz_loadu_ps(mk, src + k), shift),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const __m512i v = _mm512_cvtps_epi32(f);
-    const __m512i l = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(v, c128), c255), c128);  // balanced digits
-    const __m512i v1 = _mm512_srai_epi32(_mm512_sub_epi32(v, l), 8);
-    const __m512i m = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(v1, c128), c255), c128);
-    const __m512i h = _mm512_srai_epi32(_mm512_sub_epi32(v1, m), 8);  // |h| ≤ 65
-    _mm_mask_storeu_epi8(lo + k, mk, _mm512_cvtepi32_epi8(_mm512_add_epi32(l, cb)));
-    _mm_mask_storeu_epi8(mid + k, mk, _mm512_cvtepi32_epi8(_mm512_add_epi32(m, cb)));
-    _mm_mask_storeu_epi8(hi + k, mk, _mm512_cvtepi32_epi8(_mm512_add_epi32(h, cb)));
+    __m512i v = _mm512_cvtps_epi32(f);
+    for (int j = 0; j < LIMBS; ++j) {  // balanced digits in [-128, 127]; the top one is what remains (|·| ≤ 64)
+      const __m512i d = j + 1 < LIMBS ? _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(v, c128), c255), c128) : v;
+      _mm_mask_storeu_epi8(dst + j * ld + k, mk, _mm512_cvtepi32_epi8(_mm512_add_epi32(d, cb)));
+      v = _mm512_srai_epi32(_mm512_sub_epi32(v, d), 8);
+    }
   }
-  return std::ldexp(1.0, e - 22);
+  return std::ldexp(1.0, e - LIMB_BITS);
 }
 
 // Stage x (optionally RMSNorm'd, SQ-quantized) into the engine's layout: AMX bf16 / int8 [Mp, Kp] (Mp = M rounded
 // up to 16, zero padded); FMA fp32 [M, Kp] (zero padded) or, for SQ, uint8 = int8 + 128 [M, Kp] (padded with 128).
-// I8Q: three limb rows per activation row, on AMX LIMB_ROWS rows per 16-row tile (rows 16t + 3i + j), on the FMA
-// engine rows 3m + j, + 128; limb_scale[m] = s.
+// I8Q: LIMBS limb rows per activation row, on AMX LIMB_ROWS rows per 16-row tile (rows 16t + LIMBS·i + j), on the
+// FMA engine rows LIMBS·m + j, + 128; limb_scale[m] = s.
 at::Tensor stage_input(const at::Tensor& x, const LinearPlan& p, const c10::optional<at::Tensor>& norm, float eps,
                        const float* sq_pre, float sq_act, double* limb_scale) {
   const int64_t M = p.M, K = p.K, Kp = p.Kp;
   const bool sq = p.kind == P_SQ, limbs = p.kind == P_I8Q, i8 = sq || limbs;
-  const int64_t rows = limbs ? (p.amx ? (M + LIMB_ROWS - 1) / LIMB_ROWS * 16 : 3 * M)
+  const int64_t rows = limbs ? (p.amx ? (M + LIMB_ROWS - 1) / LIMB_ROWS * 16 : LIMBS * M)
                              : (p.amx ? (M + 15) / 16 * 16 : M);
   at::ScalarType st = i8 ? (p.amx ? at::kChar : at::kByte) : (p.amx ? at::kBFloat16 : at::kFloat);
   at::Tensor buf = (i8 && !p.amx) ? at::full({rows, Kp}, 128, x.options().dtype(st)) : at::zeros({rows, Kp}, x.options().dtype(st));
@@ -225,8 +225,8 @@ at::Tensor stage_input(const at::Tensor& x, const LinearPlan& p, const c10::opti
     }
     if (limbs) {
       int8_t* base = static_cast<int8_t*>(buf.data_ptr());
-      const int64_t r0 = p.amx ? (m / LIMB_ROWS) * 16 + 3 * (m % LIMB_ROWS) : 3 * m;
-      limb_scale[m] = stage_limbs(src, K, base + r0 * Kp, base + (r0 + 1) * Kp, base + (r0 + 2) * Kp, p.amx ? 0 : 128);
+      const int64_t r0 = p.amx ? (m / LIMB_ROWS) * 16 + LIMBS * (m % LIMB_ROWS) : LIMBS * m;
+      limb_scale[m] = stage_limbs(src, K, base + r0 * Kp, Kp, p.amx ? 0 : 128);
     } else if (sq) {  // torch's op order: round(x · pre / a), clamp to [-128, 127]
       const __m512 av = _mm512_set1_ps(sq_act);
       for (int64_t k = 0; k < K; k += 16) {

@@ -13,11 +13,13 @@
 //   P_I8Q  int8 [NB, Kp/4, 16, 4]  W8A16 with bf16 activations as exact integer products (see stage_input)
 // SwiGLU packs block 2i = up rows [16i, 16i+16) and block 2i+1 = fc rows N/2 + [16i, 16i+16).
 //
-// W8A16 on P_I8Q reads each int8 weight as it is, with no widening: each bf16 activation row x is written exactly as
-// fixed point, x = s · v with s = 2^(e - 22) (2^e > max|x|) and v an integer (elements more than 2^15 below the row's
-// maximum are rounded to the grid), and v as three signed base-256 digits (limbs, each in [-128, 127]). The three
-// limb products with the int8 weights are exact int32 sums (TDPBSSD, or VNNI dpbusd on the FMA engine, which gives the
-// same bits); y = fp32(s · (H·65536 + M·256 + L)) is the exact sum rounded once.
+// W8A16 on P_I8Q reads each int8 weight as it is, with no widening: each bf16 activation row x is written as 16-bit
+// fixed point, x ≈ s · v with s = 2^(e - 14) (2^e > max|x|) and v an integer, |v| < 2^14 (exact for elements within
+// 2^7 of the row's maximum, the rest rounded to the grid: an error under 1/64 of the bf16 rounding of the row's
+// largest elements), and v as two signed base-256 digits (limbs: low in [-128, 127], high in [-64, 64]). The limb
+// products with the int8 weights are exact int32 sums (TDPBSSD, or VNNI dpbusd on the FMA engine, which gives the
+// same bits); y = fp32(s · (H·256 + L)) is that exact sum rounded once. Two limb rows per activation row: verify of
+// up to 8 tokens (K ≤ 7) is one 16-row AMX tile, like one token.
 //
 // Two engines, one per process (AMX when the CPU and kernel allow it): AMX tiles (bf16: TDPBF16PS, SQ: TDPBSSD) on
 // 16-row activation tiles, or AVX-512 FMA with the 16 output rows in the vector lanes. In both, output (m, n) is one
@@ -34,7 +36,9 @@ enum Pack { P_BF16 = 0, P_F32 = 1, P_I8P = 2, P_I8F = 3, P_SQ = 4, P_I8Q = 5 };
 inline bool quads(int kind) { return kind == P_SQ || kind == P_I8Q; }  // int8 x int8 products on k-quads
 inline int kgroup(int kind) { return quads(kind) ? 4 : (kind == P_BF16 || kind == P_I8P) ? 2 : 1; }
 inline int64_t kalign(int kind) { return quads(kind) ? 64 : (kind == P_BF16 || kind == P_I8P) ? 32 : 1; }
-constexpr int LIMB_ROWS = 5;  // P_I8Q on AMX: activation rows per 16-row tile (3 limb rows each, row 15 unused)
+constexpr int LIMBS = 2;                // P_I8Q: signed base-256 digits per activation element
+constexpr int LIMB_BITS = 8 * LIMBS - 2;  // |v| < 2^LIMB_BITS (the top digit stays within [-64, 64])
+constexpr int LIMB_ROWS = 16 / LIMBS;   // P_I8Q on AMX: activation rows per 16-row tile
 
 struct LinearPlan {
   int64_t M = 0, K = 0, N = 0, Kp = 0, NB = 0;
@@ -45,7 +49,7 @@ struct LinearPlan {
   const void* w = nullptr;  // packed weight
   const float* scale = nullptr;
   const int32_t* rowsum = nullptr;  // SQ / I8Q on the FMA engine: Σ_k w[n, k] (activations are stored +128)
-  const double* limb_scale = nullptr;  // I8Q: per activation row, s = 2^(e - 22)
+  const double* limb_scale = nullptr;  // I8Q: per activation row, s = 2^(e - LIMB_BITS)
   const void* bias = nullptr;
   bool bias_f32 = false;
   const void* res = nullptr;
@@ -106,18 +110,17 @@ inline void emit_swiglu(const LinearPlan& p, int64_t m, int64_t blk_up, __m512 v
   store16(p, m, ru, mu, y);
 }
 
-// I8Q: the three limb sums (int32 lanes) of one activation row → fp32(s · (H·65536 + M·256 + L)), rounded once
-inline __m512 limb_sum(__m512i lo, __m512i mid, __m512i hi, double s) {
-  const __m512d sv = _mm512_set1_pd(s);
-  auto half = [&](__m256i l, __m256i m, __m256i h) {
-    const __m512i t = _mm512_add_epi64(_mm512_add_epi64(_mm512_slli_epi64(_mm512_cvtepi32_epi64(h), 16),
-                                                        _mm512_slli_epi64(_mm512_cvtepi32_epi64(m), 8)),
-                                       _mm512_cvtepi32_epi64(l));
-    return _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_cvtepi64_pd(t), sv));  // exact int64 → double, × 2^k, one rounding
-  };
-  const __m256 a = half(_mm512_castsi512_si256(lo), _mm512_castsi512_si256(mid), _mm512_castsi512_si256(hi));
-  const __m256 b = half(_mm512_extracti64x4_epi64(lo, 1), _mm512_extracti64x4_epi64(mid, 1), _mm512_extracti64x4_epi64(hi, 1));
-  return _mm512_insertf32x8(_mm512_castps256_ps512(a), b, 1);
+// I8Q: the LIMBS digit sums (int32 lanes, lowest digit first) of one activation row → fp32(s · Σ_j D_j·256^j),
+// exact in double (every term an integer < 2^53), rounded once
+inline __m512 limb_sum(const __m512i* d, double s) {
+  const __m512d sv = _mm512_set1_pd(s), base = _mm512_set1_pd(256.0);
+  __m256 half[2];
+  for (int h = 0; h < 2; ++h) {
+    __m512d t = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(d[LIMBS - 1], h));
+    for (int j = LIMBS - 2; j >= 0; --j) t = _mm512_fmadd_pd(t, base, _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64(d[j], h)));
+    half[h] = _mm512_cvtpd_ps(_mm512_mul_pd(t, sv));
+  }
+  return _mm512_insertf32x8(_mm512_castps256_ps512(half[0]), half[1], 1);
 }
 
 // FMA engine (linear_fma.cpp): weight blocks [b0, b1) for every activation row

@@ -92,19 +92,19 @@ inline void fma_tile(const LinearPlan& p, int64_t m0, int64_t blk0) {
 // sums, so the bits equal the AMX engine's.
 template <int MRT, int NBT>
 inline void fma_limb_tile(const LinearPlan& p, int64_t m0, int64_t blk0) {
-  __m512i acc[NBT][MRT][3];
+  __m512i acc[NBT][MRT][LIMBS];
   for (int b = 0; b < NBT; ++b)
     for (int m = 0; m < MRT; ++m)
-      for (int j = 0; j < 3; ++j) acc[b][m][j] = _mm512_setzero_si512();
-  const uint8_t* xr = static_cast<const uint8_t*>(p.x) + 3 * m0 * p.ldx;
+      for (int j = 0; j < LIMBS; ++j) acc[b][m][j] = _mm512_setzero_si512();
+  const uint8_t* xr = static_cast<const uint8_t*>(p.x) + LIMBS * m0 * p.ldx;
   const int64_t kq = p.Kp / 4;
   for (int64_t k4 = 0; k4 < kq; ++k4) {
     __m512i wv[NBT];
     for (int b = 0; b < NBT; ++b) wv[b] = _mm512_loadu_si512(static_cast<const int8_t*>(p.w) + ((blk0 + b) * kq + k4) * 64);
     for (int m = 0; m < MRT; ++m) {
-      for (int j = 0; j < 3; ++j) {
+      for (int j = 0; j < LIMBS; ++j) {
         int32_t quad;
-        std::memcpy(&quad, xr + (3 * m + j) * p.ldx + 4 * k4, 4);
+        std::memcpy(&quad, xr + (LIMBS * m + j) * p.ldx + 4 * k4, 4);
         const __m512i xv = _mm512_set1_epi32(quad);
         for (int b = 0; b < NBT; ++b) acc[b][m][j] = _mm512_dpbusd_epi32(acc[b][m][j], xv, wv[b]);
       }
@@ -114,8 +114,9 @@ inline void fma_limb_tile(const LinearPlan& p, int64_t m0, int64_t blk0) {
   for (int b = 0; b < NBT; ++b) {
     const __m512i corr = _mm512_slli_epi32(_mm512_loadu_si512(p.rowsum + (blk0 + b) * 16), 7);  // 128 · Σw
     for (int m = 0; m < MRT; ++m) {
-      v[b][m] = limb_sum(_mm512_sub_epi32(acc[b][m][0], corr), _mm512_sub_epi32(acc[b][m][1], corr),
-                         _mm512_sub_epi32(acc[b][m][2], corr), p.limb_scale[m0 + m]);
+      __m512i d[LIMBS];
+      for (int j = 0; j < LIMBS; ++j) d[j] = _mm512_sub_epi32(acc[b][m][j], corr);
+      v[b][m] = limb_sum(d, p.limb_scale[m0 + m]);
     }
   }
   for (int m = 0; m < MRT; ++m) {
