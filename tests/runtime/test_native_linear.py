@@ -99,3 +99,29 @@ def test_limb_product_epilogues() -> None:
     torch.testing.assert_close(got.float(), expect.float(), rtol=2 ** -7, atol=1e-30)
     for amx in (False, True):
         assert torch.equal(_run(x, w, amx, scale=s, swiglu=True, residual=res), got), f"amx={amx} SwiGLU differs"
+
+
+def test_bidirectional_attention_sees_the_whole_span() -> None:
+    """native.attend(bidirectional=True) (the drafter's block attention): every query of a row attends to keys
+    0..starts + lengths − 1 — equal to SDPA without a mask within fp32 rounding — and a row's output is the same
+    alone and in a batch with rows of other context lengths."""
+    g = torch.Generator().manual_seed(5)
+    H, Hkv, D, S, MS, T = 6, 2, 64, 3, 64, 4
+    ck = torch.randn(S, Hkv, MS, D, generator=g)  # [S, Hkv, max_seq, D]
+    cv = torch.randn(S, Hkv, MS, D, generator=g)
+    starts = torch.tensor([10, 3, 20])  # context lengths; the block's T keys follow them
+    q = torch.randn(S * T, H * D, generator=g)  # [B·T, H·D]
+    slots = torch.arange(S)
+    out = native.attend(q, ck, cv, slots, starts, torch.full((S,), T), H, None, D ** -0.5, bidirectional=True)
+    for b in range(S):
+        n = int(starts[b]) + T
+        qb = q[b * T:(b + 1) * T].view(T, H, D).transpose(0, 1)  # [H, T, D]
+        k = ck[b, :, :n].repeat_interleave(H // Hkv, dim=0)  # [H, n, D]
+        v = cv[b, :, :n].repeat_interleave(H // Hkv, dim=0)
+        ref = torch.nn.functional.scaled_dot_product_attention(qb, k, v).transpose(0, 1).reshape(T, H * D)
+        torch.testing.assert_close(out[b * T:(b + 1) * T], ref, rtol=1e-5, atol=1e-5)
+        alone = native.attend(q[b * T:(b + 1) * T].contiguous(), ck, cv, slots[b:b + 1], starts[b:b + 1],
+                              torch.tensor([T]), H, None, D ** -0.5, bidirectional=True)
+        assert torch.equal(alone, out[b * T:(b + 1) * T]), f"row {b} differs alone vs batched"
+    causal = native.attend(q, ck, cv, slots, starts, torch.full((S,), T), H, None, D ** -0.5)
+    assert not torch.equal(causal, out)  # the flag changes what the block's early queries see
