@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from dspark_trt.runtime.backend import SpecBackend
 from dspark_trt.spec_decode.loop import LoopConfig, generate
 from dspark_trt.spec_decode.protocols import SamplingParams
-from dspark_trt.spec_decode.scheduler import PolicyConfig
+from dspark_trt.spec_decode.scheduler import CostTable, PolicyConfig
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +50,11 @@ def test_engine_generate_matches_hf_greedy_and_reports_stats(tiny_pair, tiny_mod
     from dspark_trt.engine import SpeculativeDecodingEngine
 
     tok = AutoTokenizer.from_pretrained(tiny_pair.tokenizer)
+    # A given cost table: the engine would otherwise profile step and draft times, and whether the survival gate
+    # drafts (what the stats below count) would depend on how loaded the machine is while this test runs.
     eng = SpeculativeDecodingEngine(target_model=tiny_models["target"], draft_model=tiny_models["draft"],
-                                    tokenizer=tok, max_length=128, draft_length=5, temperature=0.8, top_p=0.95)
+                                    tokenizer=tok, max_length=128, draft_length=5, temperature=0.8, top_p=0.95,
+                                    cost_table=CostTable.linear())
     ids = tok.encode("def main():\n    return", return_tensors="pt").to(eng.device)
     out = eng.generate(input_ids=ids, max_new_tokens=40, do_sample=False)
     ref = tiny_models["target"].generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=tok.eos_token_id,
