@@ -185,3 +185,22 @@ def test_drafting_gain_extends_the_observed_survival_geometrically() -> None:
     want = max((1 + sum(0.35 ** j for j in range(1, k + 1))) / (1.0 + 0.02 * k + 0.4) for k in range(1, 5))
     assert ext == pytest.approx(want) and ext > 1.0 > one
     assert drafting_gain([0.0], 7, 1, flat) < 1.0  # nothing accepted: nothing to extend
+
+
+def test_gate_hysteresis_keeps_a_marginal_drafter_in_its_state() -> None:
+    """An estimate whose drafting gain lies between 1 − gate_hysteresis and 1 + gate_margin changes nothing: an open
+    gate stays open (drafts every round), a closed one stays closed (only probes)."""
+    cfg = PolicyConfig(policy="survival", min_k=1, max_k=1)
+    est = [0.22]  # K = 1: (1 + 0.22) / (1.05 + 0.2) = 0.976 of plain
+    assert 1.0 - cfg.gate_hysteresis <= drafting_gain(est, 1, 1, TABLE) < 1.0 + cfg.gate_margin
+    opened = PolicyState.initial(cfg)
+    opened.survival_est, opened.probe = list(est), False
+    assert all(plan_drafting([cfg], [opened], [1], TABLE)[0] == 1 for _ in range(50))
+    closed = PolicyState.initial(cfg)
+    closed.survival_est, closed.probe, closed.backoff = list(est), False, 2  # closed once already
+    drafted = [plan_drafting([cfg], [closed], [1], TABLE)[0] > 0 for _ in range(200)]
+    assert sum(drafted) <= 8  # probes only, at backoffs 2, 4, … 64
+    strict = PolicyConfig(policy="survival", min_k=1, max_k=1, gate_hysteresis=0.0)
+    st = PolicyState.initial(strict)
+    st.survival_est, st.probe = list(est), False
+    assert plan_drafting([strict], [st], [1], TABLE)[0] == 0  # without hysteresis the same estimate closes it

@@ -96,13 +96,15 @@ class DSparkLayer(nn.Module):
         """pos [B, T] → cos, sin [B, 1, T, hd] (callers running several layers compute them once)."""
         return rope_cos_sin(pos, self.head_dim, self.theta, dtype)
 
-    def _np(self, x: torch.Tensor, w: torch.Tensor, **kw: object) -> torch.Tensor | None:
-        """native_product, but only while every projection is a plain nn.Linear: a quantized or instrumented
-        replacement (ModelOpt's QuantLinear during calibration, the build's quantized linears) runs its own forward."""
+    def _plain(self) -> bool:
+        """Every projection is a plain nn.Linear (a quantized or instrumented replacement — ModelOpt's QuantLinear
+        during calibration, the build's quantized linears — runs its own forward, never the native kernels)."""
         mods = (self.q_proj, self.k_proj, self.v_proj, self.o_proj, self.up_proj, self.gate_proj, self.down_proj)
-        if any(type(m) is not nn.Linear for m in mods):
-            return None
-        return native_product(x, w, **kw)  # type: ignore[arg-type]
+        return all(type(m) is nn.Linear for m in mods)
+
+    def _np(self, x: torch.Tensor, w: torch.Tensor, **kw: object) -> torch.Tensor | None:
+        """native_product, but only while every projection is plain (`_plain`)."""
+        return native_product(x, w, **kw) if self._plain() else None  # type: ignore[arg-type]
 
     def _kv(self, x: torch.Tensor, pos: torch.Tensor,
             rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,8 +139,7 @@ class DSparkLayer(nn.Module):
 
     def native_ready(self) -> bool:
         """Whether forward_native applies: plain nn.Linear projections and a head_dim the native attention takes."""
-        mods = (self.q_proj, self.k_proj, self.v_proj, self.o_proj, self.up_proj, self.gate_proj, self.down_proj)
-        return all(type(m) is nn.Linear for m in mods) and self.head_dim in (16, 32, 64, 128, 256)
+        return self._plain() and self.head_dim in (16, 32, 64, 128, 256)
 
     def forward_native(self, h: torch.Tensor, pos: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor,
                        slots: torch.Tensor, starts: torch.Tensor, lengths: torch.Tensor, cos: torch.Tensor,
