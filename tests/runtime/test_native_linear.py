@@ -18,7 +18,8 @@ pytestmark = pytest.mark.skipif(not (native.available() and native.has_vnni()),
                                 reason="native kernels with AVX512_VNNI unavailable here "
                                        f"({native.unavailable_reason() or 'no VNNI'}); W8A16 then uses P_I8P")
 
-SHAPES = [(1, 64, 64), (3, 40, 100), (8, 960, 576), (9, 96, 1536), (17, 33, 65)]  # (M, N, K): 1 / 2 / 3 AMX tiles
+# (M, N, K): one AMX tile (M ≤ 8); full tiles + 1 or 2 rows on VNNI in the same pass (9, 10, 17); a second tile (12)
+SHAPES = [(1, 64, 64), (3, 40, 100), (8, 960, 576), (9, 96, 1536), (10, 48, 130), (12, 40, 64), (17, 33, 65)]
 
 
 def _inputs(m: int, n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -81,11 +82,12 @@ def test_limb_product_close_to_dequantized() -> None:
     torch.testing.assert_close(y, ref, rtol=1 / 128, atol=1e-3 * float(ref.abs().max()))
 
 
-def test_limb_product_epilogues() -> None:
-    x, w, s = _inputs(5, 64, 96, seed=11)
+@pytest.mark.parametrize("m", [5, 10])  # one tile; a tile + two rows on VNNI
+def test_limb_product_epilogues(m: int) -> None:
+    x, w, s = _inputs(m, 64, 96, seed=11)
     g = torch.Generator().manual_seed(1)
     nw = (torch.rand(96, generator=g) + 0.5).bfloat16()
-    res = torch.randn(5, 32, generator=g).bfloat16()
+    res = torch.randn(m, 32, generator=g).bfloat16()
     # RMSNorm prologue (HF numerics) == the product of the normed rows
     h = x.float()
     normed = ((h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)).bfloat16().float() * nw.float()).bfloat16()
@@ -125,3 +127,32 @@ def test_bidirectional_attention_sees_the_whole_span() -> None:
         assert torch.equal(alone, out[b * T:(b + 1) * T]), f"row {b} differs alone vs batched"
     causal = native.attend(q, ck, cv, slots, starts, torch.full((S,), T), H, None, D ** -0.5)
     assert not torch.equal(causal, out)  # the flag changes what the block's early queries see
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_causal_attention_of_a_verify_block_equals_its_queries_alone(threads: int) -> None:
+    """A verify block of 9 queries (one request: with 2 threads its queries are split into chunks, each widening its
+    keys once more) gives every query the bits it gets alone, as decode — and stays within fp32 rounding of causal
+    SDPA over the same keys."""
+    g = torch.Generator().manual_seed(9)
+    H, Hkv, D, MS, T, start = 9, 3, 64, 128, 9, 70
+    ck = torch.randn(1, Hkv, MS, D, generator=g).bfloat16()  # [1, Hkv, max_seq, D]
+    cv = torch.randn(1, Hkv, MS, D, generator=g).bfloat16()
+    q = torch.randn(T, H * D, generator=g).bfloat16()  # [T, H·D]
+    slots, before = torch.tensor([0]), torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        block = native.attend(q, ck, cv, slots, torch.tensor([start]), torch.tensor([T]), H, None, D ** -0.5)
+        for t in range(T):
+            alone = native.attend(q[t:t + 1].contiguous(), ck, cv, slots, torch.tensor([start + t]), torch.tensor([1]),
+                                  H, None, D ** -0.5)
+            assert torch.equal(alone[0], block[t]), f"query {t} differs alone vs in the verify block"
+    finally:
+        torch.set_num_threads(before)
+    n = start + T
+    qh = q.float().view(T, H, D).transpose(0, 1)  # [H, T, D]
+    k = ck[0, :, :n].float().repeat_interleave(H // Hkv, dim=0)  # [H, n, D]
+    v = cv[0, :, :n].float().repeat_interleave(H // Hkv, dim=0)
+    mask = torch.arange(n)[None, :] <= (start + torch.arange(T))[:, None]  # [T, n]
+    ref = torch.nn.functional.scaled_dot_product_attention(qh, k, v, attn_mask=mask).transpose(0, 1).reshape(T, H * D)
+    torch.testing.assert_close(block.float(), ref, rtol=2 ** -7, atol=2 ** -7)

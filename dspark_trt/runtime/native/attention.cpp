@@ -128,54 +128,75 @@ inline __m512 ld16(const char* base, int64_t idx) {  // 16 elements of a bf16 / 
 // One (request b, kv head g) unit: every real query t of row b, its G query heads over keys lo..p. The keys and
 // values the row can see are widened to fp32 once (scratch kf / vf) and shared by all its queries and heads.
 template <bool BF16, int DV>
-void attend_unit(const AttnArgs& a, int64_t b, int64_t g, std::vector<float>& kf, std::vector<float>& vf,
-                 std::vector<float>& sbuf) {
+void attend_unit(const AttnArgs& a, int64_t b, int64_t g, int64_t t0, int64_t t1, std::vector<float>& kf,
+                 std::vector<float>& vf, std::vector<float>& sbuf) {
   constexpr int64_t D = 16 * DV;
   const int64_t nq = a.lengths[b], G = a.G, H = a.H;
-  if (nq <= 0) return;
-  const int64_t p_first = a.starts[b], p_last = a.starts[b] + nq - 1;
+  t1 = std::min(t1, nq);
+  if (t0 >= t1) return;
+  // the keys queries t0..t1-1 can see: from the first one's window start to the last one's position
+  const int64_t p_first = a.starts[b] + (a.bidir ? 0 : t0), p_last = a.starts[b] + (a.bidir ? nq : t1) - 1;
   const int64_t lo0 = a.window > 0 ? std::max<int64_t>(0, p_first - a.window + 1) : 0;
   const int64_t nk = p_last - lo0 + 1, nkp = (nk + 15) / 16 * 16;
   const int64_t kv_off = ((a.slots[b] * a.Hkv + g) * a.MS + lo0) * D;  // element offset of key lo0
   const float *K, *V;
   if constexpr (BF16) {
-    kf.resize(nkp * D);
-    vf.resize(nk * D);
-    for (int64_t j = 0; j < nk; ++j)
-      for (int c = 0; c < DV; ++c) {
-        _mm512_storeu_ps(kf.data() + j * D + 16 * c, ld16<true>(a.k, kv_off + j * D + 16 * c));
-        _mm512_storeu_ps(vf.data() + j * D + 16 * c, ld16<true>(a.v, kv_off + j * D + 16 * c));
-      }
-    K = kf.data();
-    V = vf.data();
+    if (static_cast<int64_t>(kf.size()) < nkp * D) kf.resize(nkp * D);  // scratch kept per thread: no refill
+    if (static_cast<int64_t>(vf.size()) < nk * D) vf.resize(nk * D);
+    float* kd = kf.data();
+    float* vd = vf.data();
+    const uint16_t* ks = reinterpret_cast<const uint16_t*>(a.k) + kv_off;
+    const uint16_t* vs = reinterpret_cast<const uint16_t*>(a.v) + kv_off;
+    for (int64_t e = 0; e < nk * D; e += 16) {  // keys lo0..p_last are contiguous rows of D
+      _mm512_storeu_ps(kd + e, load_bf16x16(ks + e));
+      _mm512_storeu_ps(vd + e, load_bf16x16(vs + e));
+    }
+    K = kd;
+    V = vd;
   } else {
     K = reinterpret_cast<const float*>(a.k) + kv_off;
     V = reinterpret_cast<const float*>(a.v) + kv_off;
   }
   const __m512 sc = _mm512_set1_ps(a.scale);
-  for (int64_t t = 0; t < nq; ++t) {
-    const int64_t m = b * a.T + t, p = a.bidir ? p_last : p_first + t;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t m = b * a.T + t, p = a.bidir ? p_last : a.starts[b] + t;
     const int64_t lo = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
     const int64_t n = p - lo + 1, np = (n + 15) / 16 * 16, j_off = lo - lo0;
-    sbuf.assign(np, 0.0f);
+    if (static_cast<int64_t>(sbuf.size()) < G * np) sbuf.resize(G * np);
+    alignas(64) float lsum[64];  // per query head: Σ of its softmax numerators
     for (int64_t hh = 0; hh < G; ++hh) {
       __m512 qv[DV];
       for (int c = 0; c < DV; ++c) qv[c] = ld16<BF16>(a.q, m * H * D + (g * G + hh) * D + 16 * c);
+      float* s = sbuf.data() + hh * np;  // scores, then softmax numerators in place
       for (int64_t j0 = 0; j0 < n; j0 += 16) {  // scores, keys in blocks of 16 (missing keys: zeros)
         const int64_t nb = std::min<int64_t>(16, n - j0);
         __m512 acc[16];
-        for (int i = 0; i < 16; ++i) {
-          acc[i] = _mm512_setzero_ps();
-          if (i < nb) {
-            const float* kr = K + (j_off + j0 + i) * D;
-            for (int c = 0; c < DV; ++c) acc[i] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), acc[i]);
+        const float* kr = K + (j_off + j0) * D;
+        if (nb == 16) {  // a full block: unrolled, in registers
+          for (int i = 0; i < 16; ++i) {
+            acc[i] = _mm512_fmadd_ps(qv[0], _mm512_loadu_ps(kr + i * D), _mm512_setzero_ps());
+            for (int c = 1; c < DV; ++c) acc[i] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + i * D + 16 * c), acc[i]);
+          }
+        } else {
+          for (int i = 0; i < 16; ++i) {
+            acc[i] = _mm512_setzero_ps();
+            if (i < nb) {
+              for (int c = 0; c < DV; ++c) acc[i] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + i * D + 16 * c), acc[i]);
+            }
           }
         }
-        _mm512_storeu_ps(sbuf.data() + j0, _mm512_mul_ps(hsum16(acc), sc));
+        _mm512_storeu_ps(s + j0, _mm512_mul_ps(hsum16(acc), sc));
       }
-      float* s = sbuf.data();  // softmax numerators in place
+      // the maximum: lane-wise std::max (a NaN score is skipped, as there), then across the lanes
+      __m512 m16 = _mm512_set1_ps(-INFINITY);
+      for (int64_t j = 0; j < n; j += 16) {
+        const __m512 x = _mm512_maskz_loadu_ps(tail16(n - j), s + j);
+        m16 = _mm512_mask_mov_ps(m16, _mm512_mask_cmp_ps_mask(tail16(n - j), x, m16, _CMP_GT_OQ), x);
+      }
+      alignas(64) float lanes[16];
+      _mm512_store_ps(lanes, m16);
       float mx = -INFINITY;
-      for (int64_t j = 0; j < n; ++j) mx = std::max(mx, s[j]);
+      for (int i = 0; i < 16; ++i) mx = std::max(mx, lanes[i]);
       const __m512 mv = _mm512_set1_ps(mx);
       __m512 lacc = _mm512_setzero_ps();
       for (int64_t j = 0; j < n; j += 16) {
@@ -183,21 +204,36 @@ void attend_unit(const AttnArgs& a, int64_t b, int64_t g, std::vector<float>& kf
         _mm512_storeu_ps(s + j, e);
         lacc = _mm512_add_ps(lacc, e);
       }
-      const __m512 lv = _mm512_set1_ps(_mm512_reduce_add_ps(lacc));
-      __m512 o[DV];
-      for (int c = 0; c < DV; ++c) o[c] = _mm512_setzero_ps();
-      for (int64_t j = 0; j < n; ++j) {  // P·V, key by key
-        const __m512 pj = _mm512_set1_ps(s[j]);
+      lsum[hh] = _mm512_reduce_add_ps(lacc);
+    }
+    // P·V key by key, HB query heads at a time sharing each value row (each head's sum in its own order)
+    constexpr int HB = DV >= 16 ? 1 : (16 / DV > 4 ? 4 : 16 / DV);
+    for (int64_t h0 = 0; h0 < G; h0 += HB) {
+      const int nh = static_cast<int>(std::min<int64_t>(HB, G - h0));
+      __m512 o[HB][DV];
+      for (int h = 0; h < HB; ++h)
+        for (int c = 0; c < DV; ++c) o[h][c] = _mm512_setzero_ps();
+      const float* s0 = sbuf.data() + h0 * np;
+      for (int64_t j = 0; j < n; ++j) {
         const float* vr = V + (j_off + j) * D;
-        for (int c = 0; c < DV; ++c) o[c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vr + 16 * c), o[c]);
+        __m512 vv[DV];
+        for (int c = 0; c < DV; ++c) vv[c] = _mm512_loadu_ps(vr + 16 * c);
+        for (int h = 0; h < HB; ++h) {
+          if (h >= nh) break;
+          const __m512 pj = _mm512_set1_ps(s0[h * np + j]);
+          for (int c = 0; c < DV; ++c) o[h][c] = _mm512_fmadd_ps(pj, vv[c], o[h][c]);
+        }
       }
-      const int64_t off = m * H * D + (g * G + hh) * D;
-      for (int c = 0; c < DV; ++c) {
-        const __m512 y = _mm512_div_ps(o[c], lv);
-        if constexpr (BF16) {
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(reinterpret_cast<uint16_t*>(a.out) + off + 16 * c), f2b_x16(y));
-        } else {
-          _mm512_storeu_ps(reinterpret_cast<float*>(a.out) + off + 16 * c, y);
+      for (int h = 0; h < nh; ++h) {
+        const __m512 lv = _mm512_set1_ps(lsum[h0 + h]);
+        const int64_t off = m * H * D + (g * G + h0 + h) * D;
+        for (int c = 0; c < DV; ++c) {
+          const __m512 y = _mm512_div_ps(o[h][c], lv);
+          if constexpr (BF16) {
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(reinterpret_cast<uint16_t*>(a.out) + off + 16 * c), f2b_x16(y));
+          } else {
+            _mm512_storeu_ps(reinterpret_cast<float*>(a.out) + off + 16 * c, y);
+          }
         }
       }
     }
@@ -205,14 +241,14 @@ void attend_unit(const AttnArgs& a, int64_t b, int64_t g, std::vector<float>& kf
 }
 
 template <bool BF16>
-void attend_unit_d(const AttnArgs& a, int64_t DV, int64_t b, int64_t g, std::vector<float>& kf, std::vector<float>& vf,
-                   std::vector<float>& sbuf) {
+void attend_unit_d(const AttnArgs& a, int64_t DV, int64_t b, int64_t g, int64_t t0, int64_t t1, std::vector<float>& kf,
+                   std::vector<float>& vf, std::vector<float>& sbuf) {
   switch (DV) {
-    case 1: return attend_unit<BF16, 1>(a, b, g, kf, vf, sbuf);
-    case 2: return attend_unit<BF16, 2>(a, b, g, kf, vf, sbuf);
-    case 4: return attend_unit<BF16, 4>(a, b, g, kf, vf, sbuf);
-    case 8: return attend_unit<BF16, 8>(a, b, g, kf, vf, sbuf);
-    default: return attend_unit<BF16, 16>(a, b, g, kf, vf, sbuf);
+    case 1: return attend_unit<BF16, 1>(a, b, g, t0, t1, kf, vf, sbuf);
+    case 2: return attend_unit<BF16, 2>(a, b, g, t0, t1, kf, vf, sbuf);
+    case 4: return attend_unit<BF16, 4>(a, b, g, t0, t1, kf, vf, sbuf);
+    case 8: return attend_unit<BF16, 8>(a, b, g, t0, t1, kf, vf, sbuf);
+    default: return attend_unit<BF16, 16>(a, b, g, t0, t1, kf, vf, sbuf);
   }
 }
 
@@ -241,13 +277,19 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& ck, const at::Tensor& c
              static_cast<float>(scale), bidir};
   int64_t total = 0;
   for (int64_t b = 0; b < B; ++b) total += a.lengths[b] * (a.starts[b] + a.lengths[b]);
-  const int64_t units = B * Hkv;
+  // units: (row, kv head, query chunk). Causal with fewer (row, kv head) pairs than 2 per thread (verify of one
+  // request): queries in chunks of ≥ 4, so the threads share the work evenly (each chunk widens its keys once more).
+  const int64_t pairs = B * Hkv, nth = at::get_num_threads();
+  const int64_t chunks = (bidir || pairs >= 2 * nth) ? 1 : std::max<int64_t>(1, std::min((2 * nth + pairs - 1) / pairs, a.T / 4));
+  const int64_t tq = (a.T + chunks - 1) / chunks;
+  const int64_t units = pairs * chunks;
   const int64_t grain = total * H * D < (1 << 16) ? units : 1;
   at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
-    std::vector<float> kf, vf, sbuf;
+    thread_local std::vector<float> kf, vf, sbuf;
     for (int64_t u = u0; u < u1; ++u) {
-      if (is_bf16) attend_unit_d<true>(a, DV, u / Hkv, u % Hkv, kf, vf, sbuf);
-      else attend_unit_d<false>(a, DV, u / Hkv, u % Hkv, kf, vf, sbuf);
+      const int64_t pr = u / chunks, t0 = (u % chunks) * tq;
+      if (is_bf16) attend_unit_d<true>(a, DV, pr / Hkv, pr % Hkv, t0, t0 + tq, kf, vf, sbuf);
+      else attend_unit_d<false>(a, DV, pr / Hkv, pr % Hkv, t0, t0 + tq, kf, vf, sbuf);
     }
   });
   return out;

@@ -19,7 +19,8 @@
 // largest elements), and v as two signed base-256 digits (limbs: low in [-128, 127], high in [-64, 64]). The limb
 // products with the int8 weights are exact int32 sums (TDPBSSD, or VNNI dpbusd on the FMA engine, which gives the
 // same bits); y = fp32(s · (H·256 + L)) is that exact sum rounded once. Two limb rows per activation row: verify of
-// up to 8 tokens (K ≤ 7) is one 16-row AMX tile, like one token.
+// up to 8 tokens (K ≤ 7) is one 16-row AMX tile, like one token; one or two rows more (K = 8, 9) are multiplied on
+// VNNI in the same pass, from the weight chunks the tile just loaded, instead of a second pass over the weights.
 //
 // Two engines, one per process (AMX when the CPU and kernel allow it): AMX tiles (bf16: TDPBF16PS, SQ: TDPBSSD) on
 // 16-row activation tiles, or AVX-512 FMA with the 16 output rows in the vector lanes. In both, output (m, n) is one
