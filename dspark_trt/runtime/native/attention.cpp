@@ -43,7 +43,7 @@ at::Tensor rope_kv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tenso
         if (first) r = _mm512_sub_ps(_mm512_setzero_ps(), r);
         if constexpr (std::is_same<T_, bf16>::value) {
           const __m512 y = round_bf16_x16(_mm512_add_ps(round_bf16_x16(_mm512_mul_ps(x, cv_)), round_bf16_x16(_mm512_mul_ps(r, sv))));
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(reinterpret_cast<uint16_t*>(dst) + d), f2b_x16(y));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(reinterpret_cast<uint16_t*>(dst) + d), bf16_bits_x16(y));
         } else {
           _mm512_storeu_ps(dst + d, _mm512_add_ps(_mm512_mul_ps(x, cv_), _mm512_mul_ps(r, sv)));
         }

@@ -47,8 +47,16 @@ inline __m256i f2b_x16(__m512 v) {
   r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7FC0));
   return _mm512_cvtepi32_epi16(r);
 }
-inline __m512 round_bf16_x16(__m512 v) {  // fp32 value rounded through bf16
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(f2b_x16(v)), 16));
+inline __m512 round_bf16_x16(__m512 v) {  // fp32 value rounded through bf16: the same bits as via f2b_x16
+  const __m512i u = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_and_si512(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF))),
+                               _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC00000));
+  return _mm512_castsi512_ps(r);
+}
+inline __m256i bf16_bits_x16(__m512 v) {  // the bf16 of a value already rounded through bf16 (its top half)
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16));
 }
 
 // exp(x) for x <= 0 mostly (softmax) and SiLU; Cephes polynomial, ~1 ulp; fixed instruction sequence.

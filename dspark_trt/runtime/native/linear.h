@@ -87,7 +87,7 @@ inline void store16(const LinearPlan& p, int64_t m, int64_t col0, __mmask16 vali
   if (p.out_f32 || !p.bf16) {
     _mm512_mask_storeu_ps(static_cast<float*>(p.out) + m * ldo + col0, valid, y);
   } else {
-    _mm256_mask_storeu_epi16(static_cast<uint16_t*>(p.out) + m * ldo + col0, valid, f2b_x16(y));
+    _mm256_mask_storeu_epi16(static_cast<uint16_t*>(p.out) + m * ldo + col0, valid, bf16_bits_x16(y));  // y is rounded
   }
 }
 
