@@ -70,8 +70,14 @@ def machine() -> str:
     except Exception:  # noqa: BLE001 - lscpu missing: any description will do
         model = platform.processor() or "unknown CPU"
     load = os.getloadavg()
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                                cwd=Path(__file__).resolve().parent).stdout.strip()
+    except Exception:  # noqa: BLE001 - not a git checkout
+        commit = "unknown"
     return (f"{model}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads, "
-            f"load average {load[0]:.1f}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
+            f"load average {load[0]:.1f}, commit {commit}, "
+            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
 
 
 def _timed(fn: Callable[[], Any]) -> float:
