@@ -92,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--draft-head", choices=("int8", "model"), default="int8",
+                   help="the drafter's head on the native CPU path: int8 rows (default) or the model dtype")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     torch.set_num_threads(a.threads)
@@ -103,6 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     dt = getattr(torch, a.dtype)
     target = load_hf_checkpoint(a.target, dtype=dt)
     drafter = load_drafter(a.drafter, target, dtype=dt, target_dir=a.target)
+    if hasattr(drafter, "model") and hasattr(drafter.model, "int8_head"):
+        drafter.model.int8_head = a.draft_head == "int8"
     tok = load_tokenizer(a.target)
     sel = HELD_OUT_PROMPTS
     if a.n_prompts:  # keep the code/chat/math mix
@@ -110,7 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompts = [(k, chat_prompt_ids(tok, t)) for k, t in sel]
     eos = [int(tok.eos_token_id)]
     res = measure(target, drafter, prompts, [int(g) for g in a.gammas.split(",")], a.max_new, eos)
-    res.update({"prompts": len(prompts), "max_new_tokens": a.max_new, "dtype": a.dtype, "threads": a.threads})
+    res.update({"prompts": len(prompts), "max_new_tokens": a.max_new, "dtype": a.dtype, "threads": a.threads,
+                "draft_head": a.draft_head})
     text = json.dumps(res, indent=2)
     if a.json:
         a.json.write_text(text)

@@ -200,3 +200,32 @@ def test_dspark_proposal_does_not_depend_on_the_batch(target: CausalLM, dtype: t
         assert torch.equal(alone.conf[0], batch.conf[r])
         if alone.q is not None:
             assert torch.equal(alone.q[0], batch.q[r])
+
+
+def test_int8_draft_head_is_the_rounded_head_on_limb_products(target: CausalLM) -> None:
+    """In bf16 on the native kernels the draft-vocab head runs as int8 rows (round to nearest, row absmax / 127):
+    U equals x · dequantized headᵀ within bf16 rounding, stays close to the bf16 head's U, and int8_head = False
+    restores the bf16 head's exact U."""
+    from dspark_trt.runtime import native
+    from dspark_trt.testing.tiny import tiny_dspark_drafter
+
+    if not (native.available() and native.has_vnni()):
+        pytest.skip(f"native kernels with VNNI unavailable here ({native.unavailable_reason() or 'no VNNI'})")
+    drafter = tiny_dspark_drafter(target, gamma=4, draft_vocab=200)
+    m = drafter.model.to(torch.bfloat16)
+    m.attach_target(target.transformer.vocab_embedding.weight.bfloat16(), target.lm_head_weight.bfloat16())
+    _, head = m._need_target()  # [Vd, d]
+    h = (torch.randn(3, 4, head.shape[1], generator=torch.Generator().manual_seed(2))).bfloat16()  # [B, γ, d]
+    with torch.no_grad():
+        u8 = m.base_logits(h)  # [B, γ, Vd]
+        m.int8_head = False
+        u16 = m.base_logits(h)
+        m.int8_head = True
+    w = head.float()
+    scale = (w.abs().amax(1) / 127).clamp(min=1e-12)
+    deq = torch.round(w / scale[:, None]).clamp(-127, 127) * scale[:, None]  # [Vd, d]
+    ref = h.float() @ deq.T
+    torch.testing.assert_close(u8, ref, rtol=2 ** -7, atol=2 ** -7 * float(ref.abs().max()))
+    assert not torch.equal(u8, u16)  # the int8 head is what ran
+    torch.testing.assert_close(u8, u16, rtol=0.05, atol=0.05 * float(u16.abs().max()))
+    assert torch.equal(u16, native.linear(h.reshape(-1, h.shape[-1]), head, out_f32=True).view_as(u16))

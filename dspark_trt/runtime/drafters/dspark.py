@@ -57,6 +57,10 @@ class DSparkModel(nn.Module):
         self.register_buffer("conf_temperature", torch.tensor(temps, dtype=torch.float32), persistent=False)
         self._embed: torch.Tensor | None = None  # [V, d] target embeddings (frozen, shared)
         self._head: torch.Tensor | None = None  # [Vd, d] target lm_head rows of the draft vocab
+        # Inference on the native CPU kernels reads the draft-vocab head as int8 rows with per-row scales (W8A16
+        # limb products: half the bytes of the bf16 head). Drafts only steer acceptance; output stays lossless.
+        self.int8_head = True
+        self._head_q: tuple[tuple[int, int], torch.Tensor, torch.Tensor] | None = None  # (key, int8 [Vd, d], scale [Vd])
 
     # -- target weights (frozen, shared by reference) --
     def attach_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
@@ -140,8 +144,31 @@ class DSparkModel(nn.Module):
     def base_logits(self, h: torch.Tensor) -> torch.Tensor:
         """h [..., d] → U [..., Vd] (float32)."""
         _, head = self._need_target()
-        u = native_product(h, head, out_f32=True) if head.dtype == h.dtype else None  # packed once per head tensor
+        u = self._int8_head_logits(h, head)
+        if u is None:
+            u = native_product(h, head, out_f32=True) if head.dtype == h.dtype else None  # packed once per head
         return (h @ head.to(h.dtype).t()).float() if u is None else u
+
+    def _int8_head_logits(self, h: torch.Tensor, head: torch.Tensor) -> torch.Tensor | None:
+        """U from the int8 copy of the head (round to nearest, scale = row absmax / 127), on the native W8A16 limb
+        products; None unless int8_head is on and h is a bf16 CPU inference activation the native kernels cover."""
+        if not self.int8_head or torch.is_grad_enabled() or h.device.type != "cpu" or h.dtype != torch.bfloat16:
+            return None
+        from dspark_trt.runtime import native, ops
+
+        if not ops.use_native(h):
+            return None
+        key = (head.data_ptr(), head._version)
+        if self._head_q is None or self._head_q[0] != key:
+            w = head.float()  # [Vd, d]
+            scale = (w.abs().amax(1) / 127).clamp(min=1e-12)  # [Vd]
+            self._head_q = (key, torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale.contiguous())
+        w8, scale = self._head_q[1], self._head_q[2]
+        kind = native.kind_for(w8, h.dtype)
+        if kind != native.P_I8Q:
+            return None
+        h2 = h.reshape(-1, h.shape[-1])  # [M, d]
+        return native.linear(h2, w8, kind, scale=scale, out_f32=True).view(*h.shape[:-1], -1)  # [..., Vd] f32
 
     def markov_embed(self, prev: torch.Tensor) -> torch.Tensor | None:
         """prev [...] target ids → W1[prev] [..., r] (None without a Markov head)."""
