@@ -60,7 +60,9 @@ def write_report(args: argparse.Namespace, results: dict[str, Any], gamma: int, 
         f"EOS ignored, {args.max_new_tokens} new tokens per run, {args.repeats} interleaved round(s). Decode tok/s "
         f"excludes prompt processing (a 1-token run of the same prompt is subtracted); median over prompts × rounds. "
         f"Command: `dspark-trt bench --max-new-tokens {args.max_new_tokens} --repeats {args.repeats} --threads "
-        f"{stamp['torch_threads']}`.", "",
+        f"{stamp['torch_threads']}"
+        f"{'' if getattr(args, 'fixed_k', 'all') == 'all' else ' --fixed-k ' + str(args.fixed_k)}"
+        f"{' --no-hf' if getattr(args, 'no_hf', False) else ''}`.", "",
         "| engine | decode tok/s | vs ours plain | vs HF bf16 | τ | acceptance α | drafted rounds | "
         "first-token reject | output = plain greedy |",
         "|---|---|---|---|---|---|---|---|---|",
