@@ -158,6 +158,7 @@ def markov_block(
     conf_bias: torch.Tensor | None = None,  # [B, γ] f32: w_h·h_k + b of the confidence head
     w_conf: torch.Tensor | None = None,  # [r] f32: the W1 half of the confidence weight
     conf_temp: torch.Tensor | None = None,  # [γ] f32 confidence temperatures
+    need_q: bool = True,  # False: all-greedy callers that drop q may get q = None (skips a [B, γ, Vd] one-hot)
 ) -> Any:
     """γ DSpark Markov steps left to right → dspark_trt.kernels.block_draft.reference.MarkovBlock(tokens [B, γ]
     target ids, q [B, γ, Vd] f32 over the draft vocabulary, conf [B, γ] | None). Sampled rows draw token k with
@@ -187,7 +188,7 @@ def markov_block(
     from dspark_trt.kernels.block_draft import reference
 
     if w1 is not None and w2 is not None and all(s.greedy for s in sampling):
-        blk = _native_greedy(backbone_logits, anchor, w1, w2, **extra)
+        blk = _native_greedy(backbone_logits, anchor, w1, w2, **extra, need_q=need_q)
         if blk is not None:
             return blk
     return reference.markov_block(backbone_logits, anchor, w1, w2, temperature, seeds, positions, top_p, **extra,
@@ -196,10 +197,11 @@ def markov_block(
 
 def _native_greedy(u: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
                    d2t: torch.Tensor | None, conf_bias: torch.Tensor | None, w_conf: torch.Tensor | None,
-                   conf_temp: torch.Tensor | None) -> Any:
+                   conf_temp: torch.Tensor | None, need_q: bool = True) -> Any:
     """All-greedy rows on the CPU: the γ steps in one native call (runtime/native/draft.cpp: the reference's bias
     product, add and argmax), confidences from the chosen tokens afterwards (the reference's per-row sums) →
-    reference.MarkovBlock, bit for bit the reference's; None where the native kernels do not apply."""
+    reference.MarkovBlock, bit for bit the reference's (q = None unless need_q); None where the native kernels do not
+    apply."""
     from dspark_trt.runtime import native, ops
 
     if torch.is_grad_enabled() or not (ops.use_native(u) and w1.device.type == w2.device.type == "cpu"):
@@ -217,7 +219,7 @@ def _native_greedy(u: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: 
         conf = torch.sigmoid((conf_bias.float() + s) / ct)  # [B, γ]
     from dspark_trt.kernels.block_draft.reference import MarkovBlock
 
-    return MarkovBlock(toks, torch.nn.functional.one_hot(ids, vd).to(torch.float32), conf)
+    return MarkovBlock(toks, torch.nn.functional.one_hot(ids, vd).to(torch.float32) if need_q else None, conf)
 
 
 def _native_bias(w2: torch.Tensor | None) -> Any:

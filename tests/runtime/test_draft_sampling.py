@@ -163,16 +163,22 @@ def test_cpu_markov_block_matches_the_f_linear_reference(dtype: torch.dtype) -> 
     pos = torch.tensor([10, 20, 30])
     conf_bias, w_conf = torch.randn(b, gamma, generator=g), torch.randn(r, generator=g)
     temps = torch.rand(gamma, generator=g) + 0.5
-    for sampling in ([SamplingParams()] * 3, [SamplingParams(), SamplingParams(0.8, 1.0, 5), SamplingParams(1.2, 0.9, 9)]):
-        got = dispatch.markov_block(u, anchor, w1, w2, sampling, pos, d2t=d2t, conf_bias=conf_bias, w_conf=w_conf,
-                                    conf_temp=temps)
-        t = torch.tensor([s.temperature for s in sampling])
-        tp = torch.tensor([s.top_p for s in sampling])
-        seeds = torch.tensor([int(s.seed or 0) for s in sampling])
-        want = reference.markov_block(u, anchor, w1, w2, t, seeds, pos, tp, d2t=d2t, conf_bias=conf_bias,
-                                      w_conf=w_conf, conf_temp=temps)
-        assert torch.equal(got.tokens, want.tokens)
-        assert torch.equal(got.q, want.q) and torch.equal(got.conf, want.conf)
+    with torch.no_grad():  # inference: the native greedy block applies only without autograd
+        mixed = [SamplingParams(), SamplingParams(0.8, 1.0, 5), SamplingParams(1.2, 0.9, 9)]
+        for sampling in ([SamplingParams()] * 3, mixed):
+            got = dispatch.markov_block(u, anchor, w1, w2, sampling, pos, d2t=d2t, conf_bias=conf_bias, w_conf=w_conf,
+                                        conf_temp=temps)
+            t = torch.tensor([s.temperature for s in sampling])
+            tp = torch.tensor([s.top_p for s in sampling])
+            seeds = torch.tensor([int(s.seed or 0) for s in sampling])
+            want = reference.markov_block(u, anchor, w1, w2, t, seeds, pos, tp, d2t=d2t, conf_bias=conf_bias,
+                                          w_conf=w_conf, conf_temp=temps)
+            assert torch.equal(got.tokens, want.tokens)
+            assert torch.equal(got.q, want.q) and torch.equal(got.conf, want.conf)
+            if all(s.greedy for s in sampling):  # a caller that drops q may skip it: same tokens and confidences
+                lean = dispatch.markov_block(u, anchor, w1, w2, sampling, pos, d2t=d2t, conf_bias=conf_bias,
+                                             w_conf=w_conf, conf_temp=temps, need_q=False)
+                assert lean.q is None and torch.equal(lean.tokens, want.tokens) and torch.equal(lean.conf, want.conf)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -33,7 +33,7 @@ class MarkovBlock(NamedTuple):
     """Result of γ Markov steps for B rows."""
 
     tokens: torch.Tensor  # [B, γ] long target ids
-    q: torch.Tensor  # [B, γ, Vd] float32 draft distributions over the draft vocabulary
+    q: torch.Tensor | None  # [B, γ, Vd] float32 draft distributions over the draft vocabulary (None: not asked for)
     conf: torch.Tensor | None  # [B, γ] float32 confidences (None without a confidence head)
 
 

@@ -60,7 +60,7 @@ class DSparkModel(nn.Module):
         # Inference on the native CPU kernels reads the draft-vocab head as int8 rows with per-row scales (W8A16
         # limb products: half the bytes of the bf16 head). Drafts only steer acceptance; output stays lossless.
         self.int8_head = True
-        self._head_q: tuple[tuple[int, int], torch.Tensor, torch.Tensor] | None = None  # (key, int8 [Vd, d], scale [Vd])
+        self._head_q: tuple[tuple[int, int], torch.Tensor, torch.Tensor] | None = None  # key, int8 [Vd, d], scale [Vd]
 
     # -- target weights (frozen, shared by reference) --
     def attach_target(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor) -> None:
@@ -353,7 +353,7 @@ class DSparkDrafter:
             blk = dispatch.markov_block(U, anchors, m.markov_w1.weight, m.markov_w2.weight, sampling, pos_d1,
                                         d2t=m.d2t if reduced else None,
                                         conf_bias=conf_bias if w_conf is not None else None, w_conf=w_conf,
-                                        conf_temp=temps)
+                                        conf_temp=temps, need_q=any(not p.greedy for p in sampling))
             toks, conf = blk.tokens, blk.conf  # [B, γ] target ids, [B, γ] | None
         else:  # no Markov head: each position from U alone
             blk = dispatch.draft_tokens(U, sampling, pos_d1)
