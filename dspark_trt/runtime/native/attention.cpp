@@ -270,13 +270,19 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& ck, const at::Tensor& c
   TORCH_CHECK(q.size(1) == H * D && D % 16 == 0 && (DV & (DV - 1)) == 0 && DV <= 16,
               "attend: head_dim must be 16, 32, 64, 128 or 256");
   TORCH_CHECK(H % Hkv == 0 && H / Hkv <= 64, "attend: heads must be a multiple of kv heads (≤ 64 per group)");
-  at::Tensor out = at::zeros({M, H * D}, q.options());
+  at::Tensor out = at::empty({M, H * D}, q.options());
   AttnArgs a{static_cast<const char*>(q.data_ptr()), static_cast<const char*>(ck.data_ptr()),
              static_cast<const char*>(cv.data_ptr()), static_cast<char*>(out.data_ptr()), slots.data_ptr<int64_t>(),
              starts.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), H, Hkv, H / Hkv, ck.size(2), M / B, window,
              static_cast<float>(scale), bidir};
   int64_t total = 0;
-  for (int64_t b = 0; b < B; ++b) total += a.lengths[b] * (a.starts[b] + a.lengths[b]);
+  for (int64_t b = 0; b < B; ++b) {
+    total += a.lengths[b] * (a.starts[b] + a.lengths[b]);
+    const int64_t real = std::max<int64_t>(0, std::min<int64_t>(a.lengths[b], a.T));
+    if (real < a.T)  // queries past the row's length: zeros
+      std::memset(static_cast<char*>(out.data_ptr()) + (b * a.T + real) * H * D * q.element_size(), 0,
+                  (a.T - real) * H * D * q.element_size());
+  }
   // units: (row, kv head, query chunk). Causal with fewer (row, kv head) pairs than 2 per thread (verify of one
   // request): queries in chunks of ≥ 4, so the threads share the work evenly (each chunk widens its keys once more).
   const int64_t pairs = B * Hkv, nth = at::get_num_threads();

@@ -269,15 +269,22 @@ double stage_limbs(const float* src, int64_t K, int8_t* dst, int64_t ld, int bia
 // up to 16, zero padded); FMA fp32 [M, Kp] (zero padded) or, for SQ, uint8 = int8 + 128 [M, Kp] (padded with 128).
 // I8Q: LIMBS limb rows per activation row, on AMX LIMB_ROWS rows per 16-row tile (rows 16t + LIMBS·i + j), on the
 // FMA engine rows LIMBS·m + j, + 128; limb_scale[m] = s.
-at::Tensor stage_input(const at::Tensor& x, const LinearPlan& p, const c10::optional<at::Tensor>& norm, float eps,
-                       const float* sq_pre, float sq_act, double* limb_scale) {
+// The buffer is this thread's scratch (kept between calls: no allocator or ATen op per product), valid until its next
+// stage_input.
+void* stage_input(const at::Tensor& x, const LinearPlan& p, const c10::optional<at::Tensor>& norm, float eps,
+                  const float* sq_pre, float sq_act, double* limb_scale) {
   const int64_t M = p.M, K = p.K, Kp = p.Kp;
   const bool sq = p.kind == P_SQ, limbs = p.kind == P_I8Q, i8 = sq || limbs;
   const int64_t rows = limbs ? (p.amx ? (M + LIMB_ROWS - 1) / LIMB_ROWS * 16 : LIMBS * M)
                              : (p.amx ? (M + 15) / 16 * 16 : M);
-  at::ScalarType st = i8 ? (p.amx ? at::kChar : at::kByte) : (p.amx ? at::kBFloat16 : at::kFloat);
-  at::Tensor buf = (i8 && !p.amx) ? at::full({rows, Kp}, 128, x.options().dtype(st)) : at::zeros({rows, Kp}, x.options().dtype(st));
-  std::vector<float> h(K);
+  const int64_t esz = i8 ? 1 : (p.amx ? 2 : 4);
+  thread_local std::vector<uint8_t> scratch;
+  thread_local std::vector<float> h;
+  const size_t bytes = static_cast<size_t>(rows * Kp * esz);
+  if (scratch.size() < bytes) scratch.resize(bytes);
+  if (static_cast<int64_t>(h.size()) < K) h.resize(K);
+  char* buf = reinterpret_cast<char*>(scratch.data());
+  std::memset(buf, (i8 && !p.amx) ? 128 : 0, bytes);
   const int64_t es = x.element_size();
   for (int64_t m = 0; m < M; ++m) {
     const void* xr = static_cast<const char*>(x.data_ptr()) + m * x.stride(0) * es;
@@ -295,7 +302,7 @@ at::Tensor stage_input(const at::Tensor& x, const LinearPlan& p, const c10::opti
       src = static_cast<const float*>(xr);
     }
     if (limbs) {
-      int8_t* base = static_cast<int8_t*>(buf.data_ptr());
+      int8_t* base = reinterpret_cast<int8_t*>(buf);
       const int64_t r0 = p.amx ? (m / LIMB_ROWS) * 16 + LIMBS * (m % LIMB_ROWS) : LIMBS * m;
       limb_scale[m] = stage_limbs(src, K, base + r0 * Kp, Kp, p.amx ? 0 : 128);
     } else if (sq) {  // torch's op order: round(x · pre / a), clamp to [-128, 127]
@@ -307,15 +314,15 @@ at::Tensor stage_input(const at::Tensor& x, const LinearPlan& p, const c10::opti
         v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-128.0f)), _mm512_set1_ps(127.0f));
         __m512i i = _mm512_cvtps_epi32(v);
         if (!p.amx) i = _mm512_add_epi32(i, _mm512_set1_epi32(128));
-        _mm_mask_storeu_epi8(static_cast<int8_t*>(buf.data_ptr()) + m * Kp + k, mk, _mm512_cvtepi32_epi8(i));
+        _mm_mask_storeu_epi8(reinterpret_cast<int8_t*>(buf) + m * Kp + k, mk, _mm512_cvtepi32_epi8(i));
       }
     } else if (p.amx) {
       for (int64_t k = 0; k < K; k += 16) {
         const __mmask16 mk = tail16(K - k);
-        _mm256_mask_storeu_epi16(static_cast<uint16_t*>(buf.data_ptr()) + m * Kp + k, mk, f2b_x16(_mm512_maskz_loadu_ps(mk, src + k)));
+        _mm256_mask_storeu_epi16(reinterpret_cast<uint16_t*>(buf) + m * Kp + k, mk, f2b_x16(_mm512_maskz_loadu_ps(mk, src + k)));
       }
     } else {
-      std::memcpy(static_cast<float*>(buf.data_ptr()) + m * Kp, src, K * sizeof(float));
+      std::memcpy(reinterpret_cast<float*>(buf) + m * Kp, src, K * sizeof(float));
     }
   }
   return buf;
@@ -394,13 +401,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tenso
   if (kind == P_I8Q) p.rowsum = rowsum.data_ptr<int32_t>();
   std::vector<double> limb_scale(kind == P_I8Q ? p.M : 0);
   p.limb_scale = limb_scale.data();
-  at::Tensor staged;
+
   if (!norm_weight.has_value() && kind != P_SQ && !is_bf16 && p.Kp == p.K) {
     p.x = x.data_ptr();  // fp32 rows used in place
     p.ldx = x.stride(0);
   } else {
-    staged = stage_input(x, p, norm_weight, static_cast<float>(eps), pre, static_cast<float>(sq_act), limb_scale.data());
-    p.x = staged.data_ptr();
+    p.x = stage_input(x, p, norm_weight, static_cast<float>(eps), pre, static_cast<float>(sq_act), limb_scale.data());
     p.ldx = p.Kp;
   }
   p.w = packed.data_ptr();
