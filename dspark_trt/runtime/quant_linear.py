@@ -345,6 +345,13 @@ def linear_paths(model: nn.Module) -> dict[str, int]:
     return out
 
 
+def int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Round-to-nearest per-row int8: w [out, in] → (int8 [out, in], fp32 scale [out] = row absmax / 127)."""
+    w = w.float()
+    s = (w.abs().amax(1) / 127).clamp(min=1e-12)  # [out]
+    return torch.round(w / s[:, None]).clamp(-127, 127).to(torch.int8), s
+
+
 def rtn_quantize(model: nn.Module, quant_algo: str, calib_ids: torch.Tensor | None = None) -> nn.Module:
     """A copy of a runtime CausalLM with every projection but lm_head quantized round-to-nearest (weights per output
     channel, FP8 per tensor; activation scales from max|x| over calib_ids [B, T], default 64 fixed tokens).
@@ -385,8 +392,7 @@ def rtn_quantize(model: nn.Module, quant_algo: str, calib_ids: torch.Tensor | No
                 state[part + ".weight"] = (w / s).clamp(-FP8_MAX, FP8_MAX).to(FP8)
                 state[part + ".activation_scaling_factor"] = torch.tensor([a / FP8_MAX])
             else:
-                s = (w.abs().amax(1) / 127).clamp(min=1e-12)  # [out]
-                state[part + ".weight"] = torch.round(w / s[:, None]).clamp(-127, 127).to(torch.int8)
+                state[part + ".weight"], s = int8_rows(w)
                 if quant_algo == "W8A8_SQ_PER_CHANNEL":
                     state[part + ".activation_scaling_factor"] = torch.tensor([a / 127])
                     state[part + ".prequant_scaling_factor"] = torch.ones(w.shape[1])

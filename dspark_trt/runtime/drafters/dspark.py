@@ -155,14 +155,13 @@ class DSparkModel(nn.Module):
         if not self.int8_head or torch.is_grad_enabled() or h.device.type != "cpu" or h.dtype != torch.bfloat16:
             return None
         from dspark_trt.runtime import native, ops
+        from dspark_trt.runtime.quant_linear import int8_rows
 
         if not ops.use_native(h):
             return None
         key = (head.data_ptr(), head._version)
         if self._head_q is None or self._head_q[0] != key:
-            w = head.float()  # [Vd, d]
-            scale = (w.abs().amax(1) / 127).clamp(min=1e-12)  # [Vd]
-            self._head_q = (key, torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale.contiguous())
+            self._head_q = (key, *int8_rows(head))  # int8 [Vd, d], scale [Vd]
         w8, scale = self._head_q[1], self._head_q[2]
         kind = native.kind_for(w8, h.dtype)
         if kind != native.P_I8Q:

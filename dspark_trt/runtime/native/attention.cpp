@@ -125,8 +125,9 @@ inline __m512 ld16(const char* base, int64_t idx) {  // 16 elements of a bf16 / 
   else return _mm512_loadu_ps(reinterpret_cast<const float*>(base) + idx);
 }
 
-// One (request b, kv head g) unit: every real query t of row b, its G query heads over keys lo..p. The keys and
-// values the row can see are widened to fp32 once (scratch kf / vf) and shared by all its queries and heads.
+// One (request b, kv head g, queries t0..t1-1) unit: each real query t of the range, its G query heads over keys
+// lo..p. The keys and values the range can see are widened to fp32 once (scratch kf / vf) and shared by its queries
+// and heads.
 template <bool BF16, int DV>
 void attend_unit(const AttnArgs& a, int64_t b, int64_t g, int64_t t0, int64_t t1, std::vector<float>& kf,
                  std::vector<float>& vf, std::vector<float>& sbuf) {
@@ -137,11 +138,11 @@ void attend_unit(const AttnArgs& a, int64_t b, int64_t g, int64_t t0, int64_t t1
   // the keys queries t0..t1-1 can see: from the first one's window start to the last one's position
   const int64_t p_first = a.starts[b] + (a.bidir ? 0 : t0), p_last = a.starts[b] + (a.bidir ? nq : t1) - 1;
   const int64_t lo0 = a.window > 0 ? std::max<int64_t>(0, p_first - a.window + 1) : 0;
-  const int64_t nk = p_last - lo0 + 1, nkp = (nk + 15) / 16 * 16;
+  const int64_t nk = p_last - lo0 + 1;
   const int64_t kv_off = ((a.slots[b] * a.Hkv + g) * a.MS + lo0) * D;  // element offset of key lo0
   const float *K, *V;
   if constexpr (BF16) {
-    if (static_cast<int64_t>(kf.size()) < nkp * D) kf.resize(nkp * D);  // scratch kept per thread: no refill
+    if (static_cast<int64_t>(kf.size()) < nk * D) kf.resize(nk * D);  // scratch kept per thread: no refill
     if (static_cast<int64_t>(vf.size()) < nk * D) vf.resize(nk * D);
     float* kd = kf.data();
     float* vd = vf.data();
@@ -168,7 +169,7 @@ void attend_unit(const AttnArgs& a, int64_t b, int64_t g, int64_t t0, int64_t t1
       __m512 qv[DV];
       for (int c = 0; c < DV; ++c) qv[c] = ld16<BF16>(a.q, m * H * D + (g * G + hh) * D + 16 * c);
       float* s = sbuf.data() + hh * np;  // scores, then softmax numerators in place
-      for (int64_t j0 = 0; j0 < n; j0 += 16) {  // scores, keys in blocks of 16 (missing keys: zeros)
+      for (int64_t j0 = 0; j0 < n; j0 += 16) {  // scores, keys in blocks of 16 (a last partial block: zeros after)
         const int64_t nb = std::min<int64_t>(16, n - j0);
         __m512 acc[16];
         const float* kr = K + (j_off + j0) * D;

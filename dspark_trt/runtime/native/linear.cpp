@@ -96,11 +96,7 @@ void amx_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
         if (sq) v[j] = _mm512_cvtepi32_ps(_mm512_castps_si512(v[j]));
       }
     }
-    if (p.swiglu) {
-      for (int j = 0; j + 1 < nqp; j += 2) emit_swiglu(p, m, nbp + j, v[j], v[j + 1]);
-    } else {
-      for (int j = 0; j < nqp; ++j) emit(p, m, nbp + j, v[j]);
-    }
+    emit_group(p, m, nbp, nqp, v);
   };
   struct Pending { int64_t nb = -1, mt = 0, mr = 0, done = 0; int nq = 0, buf = 0; } pend;
   auto drain = [&](int64_t upto) {
@@ -191,11 +187,7 @@ void amx_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
           for (int l = 0; l < LIMBS; ++l) d[l] = _mm512_sub_epi32(tacc[j][i][l], corr);
           v[j] = limb_sum(d, p.limb_scale[m]);
         }
-        if (p.swiglu) {
-          for (int j = 0; j + 1 < nq; j += 2) emit_swiglu(p, m, nb + j, v[j], v[j + 1]);
-        } else {
-          for (int j = 0; j < nq; ++j) emit(p, m, nb + j, v[j]);
-        }
+        emit_group(p, m, nb, nq, v);
       }
 #endif
     }

@@ -111,6 +111,15 @@ inline void emit_swiglu(const LinearPlan& p, int64_t m, int64_t blk_up, __m512 v
   store16(p, m, ru, mu, y);
 }
 
+// Raw sums v[0..nq) of weight blocks blk0.. for activation row m → outputs (SwiGLU: pairs (up, fc)).
+inline void emit_group(const LinearPlan& p, int64_t m, int64_t blk0, int nq, const __m512* v) {
+  if (p.swiglu) {
+    for (int j = 0; j + 1 < nq; j += 2) emit_swiglu(p, m, blk0 + j, v[j], v[j + 1]);
+  } else {
+    for (int j = 0; j < nq; ++j) emit(p, m, blk0 + j, v[j]);
+  }
+}
+
 // I8Q: the LIMBS digit sums (int32 lanes, lowest digit first) of one activation row → fp32(s · Σ_j D_j·256^j),
 // exact in double (every term an integer < 2^53), rounded once
 inline __m512 limb_sum(const __m512i* d, double s) {
