@@ -40,7 +40,7 @@ class FastLinear(nn.Linear):
     """nn.Linear whose CPU products are row-invariant (a row's result does not depend on the other rows).
 
     On the CPU it runs the native row-invariant kernel when built (runtime.native), else `ops.tile_linear`
-    (torch.mm on fixed 16-row tiles; one bf16 row via torch.mv, which rounds identically). The bias is added after
+    (one torch.mv per row; a long prompt's rows as one product of their own). The bias is added after
     rounding the product on every path, as F.linear-then-add would. Other devices use F.linear.
     """
 
@@ -265,6 +265,13 @@ class CausalLM(nn.Module):
             from dspark_trt.runtime.native_forward import forward_native
 
             return forward_native(self, input_ids, cache, slots, taps, logits, last_index, lengths)
+        with ops.ragged_rows(T, lengths):
+            return self._forward_torch(input_ids, cache, slots, taps, logits, last_index, lengths)
+
+    def _forward_torch(self, input_ids: torch.Tensor, cache: KVCache, slots: torch.Tensor, taps: Sequence[int],
+                       logits: str, last_index: torch.Tensor | None, lengths: list[int]) -> ModelOutput:
+        B, T = input_ids.shape
+        tapset = set(taps)
         step = _Step(self, cache, slots, T, lengths)
         H, Hkv, D = self._H, self._Hkv, self._D
         qk_size = (H + Hkv) * D

@@ -2,15 +2,19 @@
 the call, so a request's logits do not depend on the batch it is in, on the K it verifies, or on whether its
 prompt was prefilled alone (docs/runtime.md, "Batch invariance").
 
-Owns: the kernel-path switch (`kernel_path`, `use_native`), the pure-torch ("torch") implementations — fixed
-16-row tiles for products, per-query attention spans, per-request long-prompt attention — and the dispatch to
-the C++ kernels of `runtime.native` ("native") when they are built. Knows nothing about models or caches beyond
-the tensors it is handed.
+Owns: the kernel-path switch (`kernel_path`, `use_native`), the pure-torch ("torch") implementations — products
+row by row (one [1, in] product per row, the same call whatever the batch; a long prompt's rows in one product
+of its own), per-query attention spans, per-request long-prompt attention — the torch path's product dtype
+(chosen by measurement), and the dispatch to the C++ kernels of `runtime.native` ("native") when they are built.
+Knows nothing about models or caches beyond the tensors it is handed.
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import logging
 import os
+import time
 from typing import Iterator, Sequence
 
 import torch
@@ -18,12 +22,16 @@ import torch.nn.functional as F
 
 from dspark_trt.errors import InvalidArgumentError
 
-TILE_ROWS = 16  # torch path: every product runs on [in, TILE_ROWS] activation tiles (rows zero-padded)
+log = logging.getLogger(__name__)
+
 SPAN_ALIGN = 64  # torch path: a query at position p attends over keys [0, ceil((p+1)/64)·64), tail masked
-ROW_EXACT_MAX_T = 32  # torch path: prompts longer than this use one SDPA per request instead of per query
+ROW_EXACT_MAX_T = 32  # torch path: prompts longer than this use one SDPA / one product per request, not per row
 PATHS = ("native", "torch")
 
 _forced: str | None = None
+# (T, lengths) of the ragged batch whose rows the products see: set by the model's torch forward
+_rows: contextvars.ContextVar[tuple[int, Sequence[int]] | None] = contextvars.ContextVar("dspark_rows", default=None)
+_f32_products: dict[str, bool] = {}
 
 
 @contextlib.contextmanager
@@ -70,27 +78,81 @@ def product(x2: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------- torch path
-def tile_linear(x2: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x2 [M, in] · wᵀ → [M, out] (no bias), each row computed by a fixed-shape product.
+@contextlib.contextmanager
+def ragged_rows(T: int, lengths: Sequence[int]) -> Iterator[None]:
+    """Tell the torch path's products inside the block that their [B·T, in] rows are B requests of T columns with
+    lengths[b] real tokens each (the rest padding): a long prompt's rows then run as one product of its own."""
+    token = _rows.set((T, list(lengths)))
+    try:
+        yield
+    finally:
+        _rows.reset(token)
 
-    Off the CPU this is F.linear. On the CPU every product is torch.mm(w, tileᵀ) over a [TILE_ROWS, in] tile
-    (rows zero-padded): the same kernel and blocking for every row whatever M is, and (checked in
-    tests/runtime/test_batch_invariance.py) a row's result does not depend on its place in the tile. One bf16/fp16
-    row uses torch.mv, which rounds exactly like the tile product; fp32 rows always use the tile (MKL's sgemv and
-    sgemm round differently).
+
+def _bf16_via_f32() -> bool:
+    """Whether bf16 products are faster on fp32 kernels (upcast weights, output rounded to bf16) than on torch's
+    bf16 kernels on this CPU: measured once per process (CPUs without native bf16 run bf16 GEMV several times slower)."""
+    if "bf16" not in _f32_products:
+        g = torch.Generator().manual_seed(0)
+        w = torch.randn(1536, 576, generator=g)
+        x = torch.randn(576, generator=g)
+        wb, xb = w.bfloat16(), x.bfloat16()
+        best = {"bf16": float("inf"), "fp32": float("inf")}
+        for _ in range(12):  # interleaved, so a drift in the machine's speed hits both alike
+            for name, (ww, xx) in (("bf16", (wb, xb)), ("fp32", (w, x))):
+                t0 = time.perf_counter()
+                for _ in range(4):
+                    torch.mv(ww, xx)
+                best[name] = min(best[name], time.perf_counter() - t0)
+        _f32_products["bf16"] = best["fp32"] < best["bf16"]
+        log.info("torch path: bf16 products on %s kernels (one [1536, 576] GEMV x4: bf16 %.2f ms, fp32 %.2f ms)",
+                 "fp32" if _f32_products["bf16"] else "bf16", best["bf16"] * 1e3, best["fp32"] * 1e3)
+    return _f32_products["bf16"]
+
+
+def _compute_weight(w: torch.Tensor) -> torch.Tensor:
+    """The weight the torch path multiplies with: w, or its fp32 copy (cached per tensor version) for bf16."""
+    if w.dtype != torch.bfloat16 or not _bf16_via_f32():
+        return w
+    try:
+        version = w._version
+    except RuntimeError:  # an inference tensor
+        version = -1
+    key = (w.data_ptr(), version, tuple(w.shape))
+    hit = w.__dict__.get("_dspark_f32")
+    if hit is None or hit[0] != key:
+        hit = (key, w.detach().float())
+        w.__dict__["_dspark_f32"] = hit
+    return hit[1]
+
+
+def tile_linear(x2: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x2 [M, in] · wᵀ → [M, out] (no bias), every row's bits independent of the other rows by construction.
+
+    Off the CPU this is F.linear. On the CPU each row is its own torch.mv on an aligned copy of the row — the same
+    call on the same shape whatever M, the batch or the row's place in it — so decode, verify blocks and batched
+    rows agree on every CPU, whatever torch's GEMM kernels do with row blocking. Inside `ragged_rows`, a request with
+    more than ROW_EXACT_MAX_T real tokens (a prompt) runs as one product over its own rows only (the same call alone
+    or batched) and padding rows are zeros. bf16 runs on fp32 kernels where the CPU makes them faster
+    (`_bf16_via_f32`), the result rounded to bf16 either way.
     """
     M = x2.shape[0]
     if x2.device.type != "cpu":
         return F.linear(x2, w)
-    if M == 1 and w.dtype != torch.float32:
-        return torch.mv(w, x2[0]).unsqueeze(0)  # [1, out]
-    out = x2.new_empty(M, w.shape[0])  # [M, out]
-    for i in range(0, M, TILE_ROWS):
-        tile = x2[i:i + TILE_ROWS]
-        n = tile.shape[0]
-        if n < TILE_ROWS:
-            tile = F.pad(tile, (0, 0, 0, TILE_ROWS - n))  # [TILE_ROWS, in]
-        out[i:i + n] = torch.mm(w, tile.t()).t()[:n]
+    wc = _compute_weight(w)
+    out = x2.new_zeros(M, w.shape[0])  # [M, out]
+    rows = _rows.get()
+    groups: list[tuple[int, int]] = [(i, 1) for i in range(M)]  # (first row, rows) per product
+    if rows is not None and rows[0] * len(rows[1]) == M:
+        T, lengths = rows
+        groups = []
+        for b, n in enumerate(lengths):
+            n = max(0, min(T, int(n)))
+            groups += [(b * T, n)] if n > ROW_EXACT_MAX_T else [(b * T + t, 1) for t in range(n)]
+    for r0, n in groups:
+        xs = x2[r0:r0 + n].to(wc.dtype, copy=True)  # [n, in], a fresh aligned buffer
+        y = torch.mv(wc, xs[0]).unsqueeze(0) if n == 1 else torch.mm(xs, wc.t())  # [n, out]
+        out[r0:r0 + n] = y
     return out
 
 

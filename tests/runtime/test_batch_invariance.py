@@ -8,6 +8,7 @@ Property tests (hypothesis) on the tiny checkpoints, in bf16 and fp32, on every 
 """
 from __future__ import annotations
 
+import contextlib
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,16 +31,20 @@ PROPS = settings(max_examples=25, deadline=None, derandomize=True, phases=NO_SHR
 
 
 def kernel_paths() -> list[str]:
-    """Kernel paths to test: "torch" always, "native" when the extension builds on this machine."""
+    """Kernel paths to test: "torch" always, and "native-<engine>" for every native engine this machine runs
+    (amx / avx512 / avx2: the AVX2 engine runs on every x86-64-v3 CPU, so it is tested everywhere)."""
     from dspark_trt.runtime import native
 
-    return ["torch"] + (["native"] if native.available() else [])
+    return ["torch"] + [f"native-{e}" for e in native.runnable_engines()]
 
 
 @pytest.fixture(params=kernel_paths())
 def kernels(request) -> Iterator[str]:  # noqa: ANN001
-    """Run the test with the runtime forced onto one kernel path."""
-    with ops.kernel_path(request.param):
+    """Run the test with the runtime forced onto one kernel path (and native engine)."""
+    from dspark_trt.runtime import native
+
+    path, _, eng = request.param.partition("-")
+    with ops.kernel_path(path), (native.use_engine(eng) if eng else contextlib.nullcontext()):
         yield request.param
 
 

@@ -1,16 +1,21 @@
-"""Native row-invariant CPU kernels of the runtime (linear.cpp / linear_fma.cpp, attention.cpp, draft.cpp; bound by
-module.cpp), compiled with torch.utils.cpp_extension at first use.
+"""Native row-invariant CPU kernels of the runtime, in one build per engine, compiled with
+torch.utils.cpp_extension at first use.
 
-Owns: whether they can run here (x86-64 with AVX-512F/BW, a working C++ toolchain, DSPARK_NATIVE not "0"),
-building and caching the extension under $DSPARK_CACHE/native (one build per kernel source, torch version and
-CPU flags; later processes load it in well under a second), the packed-weight cache (weights are re-laid out once
-per tensor version, see linear.cpp), the AMX switch, and typed wrappers `linear`, `rope_kv`, `attend`,
-`markov_greedy`. Every failure to
-build is logged once and turns the native path off (the runtime then uses the pure-torch path of runtime.ops).
-Knows nothing about models.
+Engines, best first: `amx` (AMX tiles, the AVX-512 build), `avx512` (the same build with AMX off: AVX-512 FMA,
+VNNI), `avx2` (AVX2 + FMA, x86-64-v3: every x86-64 CPU of the last decade; int8 products on vpmaddwd), then the
+pure-torch path of runtime.ops (`torch`). Every engine computes the same bits (exact integer products, the same
+fp32 accumulation order lane for lane), so decode == verify and batched == alone hold on each and across them.
+
+Owns: choosing the engine by CPUID when the kernels first load (`DSPARK_NATIVE_ENGINE` = amx | avx512 | avx2 |
+torch forces one, `DSPARK_NATIVE=0` means torch), logging the choice once, building and caching each engine's
+extension under $DSPARK_CACHE/native (one build per kernel source, torch version, flags and CPU), the packed-weight
+cache (weights re-laid out once per tensor version, see linear.h), the AMX switch, and typed wrappers `linear`,
+`rope_kv`, `attend`, `markov_greedy`. Every failure to build is logged once and moves to the next engine. Knows
+nothing about models.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -18,26 +23,52 @@ import os
 import platform
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
 log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = [HERE / "module.cpp", HERE / "linear.cpp", HERE / "linear_fma.cpp", HERE / "attention.cpp", HERE / "draft.cpp"]
-HEADERS = [HERE / "common.h", HERE / "linear.h"]
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-DNDEBUG"]
-# packing kinds, as linear.cpp `enum Pack`
+ENGINES = ("amx", "avx512", "avx2")  # best first; "torch" when none runs
+COMMON_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-DNDEBUG"]
+
+
+@dataclass(frozen=True)
+class Build:
+    """One compiled extension: its sources, headers, compiler flags and the CPU flags it needs."""
+
+    name: str
+    sources: tuple[str, ...]
+    headers: tuple[str, ...]
+    flags: tuple[str, ...]
+    needs: frozenset[str]
+
+
+BUILDS = {
+    "avx512": Build("avx512", ("module.cpp", "pack.cpp", "linear.cpp", "linear_fma.cpp", "attention.cpp", "draft.cpp"),
+                    ("common.h", "plan.h", "simd512.h", "linear.h"), ("-march=native",),
+                    frozenset({"avx512f", "avx512bw", "avx512vl"})),
+    # x86-64-v3 exactly (no AVX-512 even where the CPU has it); hidden symbols: both builds can share a process
+    "avx2": Build("avx2", ("module.cpp", "pack.cpp", "avx2/linear.cpp", "avx2/attention.cpp", "avx2/draft.cpp"),
+                  ("common.h", "plan.h", "simd256.h"), ("-march=x86-64-v3", "-mtune=native", "-fvisibility=hidden"),
+                  frozenset({"avx2", "fma", "f16c", "bmi2"})),
+}
+ENGINE_BUILD = {"amx": "avx512", "avx512": "avx512", "avx2": "avx2"}
+AMX_FLAGS = frozenset({"amx_tile", "amx_bf16", "amx_int8"})
+# packing kinds, as plan.h `enum Pack`
 P_BF16, P_F32, P_I8P, P_I8F, P_SQ, P_I8Q = 0, 1, 2, 3, 4, 5
 
-_lock = threading.Lock()
-_state: dict[str, Any] = {"ext": None, "reason": None}
+_lock = threading.RLock()
+_state: dict[str, Any] = {"ext": None, "engine": None, "reason": None}
+_builds: dict[str, ModuleType | str] = {}  # build name → extension, or why it is unavailable
+_override = threading.local()
 
 
-def _cpu_flags() -> set[str]:
+def cpu_flags() -> set[str]:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
@@ -47,26 +78,46 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-def build_dir() -> Path:
-    """Where this kernel source, torch version, flag set and CPU build (and cache) the extension."""
-    src = "\n".join(p.read_text() for p in SOURCES + HEADERS)
-    cpu = " ".join(sorted(f for f in _cpu_flags() if f.startswith(("avx", "amx", "fma", "f16c"))))
-    tag = hashlib.sha256("\n".join([src, torch.__version__, " ".join(FLAGS), cpu]).encode()).hexdigest()[:12]
-    return Path(os.environ.get("DSPARK_CACHE", Path.home() / ".cache" / "dspark_trt")) / "native" / f"dspark_native_{tag}"
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
-def _build() -> ModuleType:
-    if os.environ.get("DSPARK_NATIVE", "1") == "0":
-        raise RuntimeError("disabled by DSPARK_NATIVE=0")
+def cpu_summary() -> dict[str, Any]:
+    """The CPU model, the vector flags that choose an engine, and the engine in use (bench headers, --json)."""
+    flags = cpu_flags()
+    keep = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c")))
+    return {"cpu": cpu_model(), "flags": keep, "engine": engine(), "engine_reason": unavailable_reason() or None}
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("DSPARK_CACHE", Path.home() / ".cache" / "dspark_trt")) / "native"
+
+
+def build_dir(build: str | None = None) -> Path:
+    """Where this engine build's source, torch version, flags and CPU build (and cache) the extension."""
+    b = BUILDS[build or ENGINE_BUILD.get(engine(), "avx2")]
+    src = "\n".join((HERE / f).read_text() for f in b.sources + b.headers)
+    cpu = " ".join(sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma", "f16c"))))
+    key = "\n".join([src, torch.__version__, " ".join(COMMON_FLAGS + list(b.flags)), cpu])
+    tag = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return _cache_root() / f"dspark_native_{b.name}_{tag}"
+
+
+def _compile(b: Build) -> ModuleType:
     if platform.machine().lower() not in ("x86_64", "amd64"):
-        raise RuntimeError(f"needs x86-64 with AVX-512 (this is {platform.machine()})")
-    flags = _cpu_flags()
-    missing = {"avx512f", "avx512bw", "avx512vl"} - flags
+        raise RuntimeError(f"needs x86-64 (this is {platform.machine()})")
+    missing = b.needs - cpu_flags()
     if missing:
         raise RuntimeError(f"the CPU lacks {', '.join(sorted(missing))}")
     from torch.utils import cpp_extension
 
-    root = build_dir()
+    root = build_dir(b.name)
     name = root.name
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -79,42 +130,143 @@ def _build() -> ModuleType:
         # Compile copies kept in the cache, so every install of this source (the repo, a wheel in a venv) writes the
         # same build.ninja and reuses one build instead of recompiling whenever another install ran last.
         src_dir = root / "src"
-        src_dir.mkdir(exist_ok=True)
-        for p in SOURCES + HEADERS:
-            if not (src_dir / p.name).exists() or (src_dir / p.name).read_bytes() != p.read_bytes():
-                (src_dir / p.name).write_bytes(p.read_bytes())
-        ext = cpp_extension.load(name=name, sources=[str(src_dir / p.name) for p in SOURCES], extra_cflags=FLAGS,
-                                 extra_include_paths=[str(src_dir)], extra_ldflags=["-fopenmp"],
-                                 build_directory=str(root), verbose=False)
-    log.info("native kernels %s (%s) ready in %.1f s (%s)", name, ext.build_info(), time.perf_counter() - t0, root)
-    _prune(root)
+        for f in b.sources + b.headers:
+            dst = src_dir / f
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if not dst.exists() or dst.read_bytes() != (HERE / f).read_bytes():
+                dst.write_bytes((HERE / f).read_bytes())
+        ext = cpp_extension.load(name=name, sources=[str(src_dir / f) for f in b.sources],
+                                 extra_cflags=COMMON_FLAGS + list(b.flags), extra_include_paths=[str(src_dir)],
+                                 extra_ldflags=["-fopenmp"], build_directory=str(root), verbose=False)
+    log.info("native build %s (%s) ready in %.1f s (%s)", name, ext.build_info(), time.perf_counter() - t0, root)
+    _prune(root, b.name)
     return ext
 
 
-def _prune(current: Path, keep_s: float = 86400.0) -> None:
-    """Remove builds of older kernel sources (sibling dspark_native_* dirs untouched for a day)."""
+def load_build(build: str) -> ModuleType | None:
+    """The extension of one build ("avx512" | "avx2"), compiled on first use; None (reason logged) when it cannot
+    run or build here. Independent of the engine in use: tests compare engines with it."""
+    with _lock:
+        if build not in _builds:
+            try:
+                _builds[build] = _compile(BUILDS[build])
+            except Exception as exc:  # noqa: BLE001 - any build failure → the next engine
+                msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+                _builds[build] = f"{type(exc).__name__}: {msg}"
+                log.info("native build %s unavailable (%s)", build, _builds[build])
+        got = _builds[build]
+    return got if isinstance(got, ModuleType) else None
+
+
+def build_reason(build: str) -> str:
+    """Why load_build(build) is None ('' when it loaded)."""
+    load_build(build)
+    got = _builds.get(build)
+    return got if isinstance(got, str) else ""
+
+
+def engine_runs(name: str) -> str:
+    """'' when engine `name` can run here, else why not."""
+    if name == "torch":
+        return ""
+    if name not in ENGINE_BUILD:
+        return f"unknown engine {name!r} (one of {', '.join(ENGINES)}, torch)"
+    if name == "amx":
+        missing = AMX_FLAGS - cpu_flags()
+        if missing:
+            return f"the CPU lacks {', '.join(sorted(missing))}"
+    ext = load_build(ENGINE_BUILD[name])
+    if ext is None:
+        return build_reason(ENGINE_BUILD[name])
+    if name == "amx" and "+amx" not in ext.build_info():
+        return "the build has no AMX (compiler or kernel without AMX support)"
+    return ""
+
+
+def runnable_engines() -> list[str]:
+    """The native engines that run on this machine, best first (tests compare them; builds compile on first use)."""
+    return [e for e in ENGINES if not engine_runs(e)]
+
+
+def _choose() -> tuple[str, str]:
+    """(engine, why the better ones are not used): DSPARK_NATIVE_ENGINE, else the best engine that runs."""
+    if os.environ.get("DSPARK_NATIVE", "1") == "0":
+        return "torch", "disabled by DSPARK_NATIVE=0"
+    forced = os.environ.get("DSPARK_NATIVE_ENGINE", "").strip().lower()
+    if forced and forced != "auto":
+        why = engine_runs(forced)
+        return ("torch", f"DSPARK_NATIVE_ENGINE={forced}: {why}") if why else (forced, "")
+    skipped = []
+    for name in ENGINES:
+        why = engine_runs(name)
+        if not why:
+            return name, "; ".join(skipped)
+        skipped.append(f"{name}: {why}")
+    return "torch", "; ".join(skipped)
+
+
+def _ext() -> ModuleType | None:
+    forced = getattr(_override, "ext", None)
+    if forced is not None:
+        return forced
+    if _state["engine"] is None:
+        name, why = _choose()
+        with _lock:
+            if _state["engine"] is None:
+                _state["engine"] = name
+                _state["reason"] = why if name == "torch" else None
+                _state["ext"] = None if name == "torch" else load_build(ENGINE_BUILD[name])
+                if name == "torch":
+                    log.warning("native kernels unavailable (%s); the runtime uses its pure-torch path", why)
+                else:
+                    _state["ext"].set_amx(name == "amx")
+                    log.info("native engine %s (%s)%s", name, _state["ext"].build_info(),
+                             f"; not used: {why}" if why else "")
+    return _state["ext"]
+
+
+def engine() -> str:
+    """The engine the runtime's CPU kernels run on: amx | avx512 | avx2 | torch (chosen on the first call)."""
+    forced = getattr(_override, "name", None)
+    if forced is not None:
+        return forced
+    _ext()
+    return str(_state["engine"])
+
+
+@contextlib.contextmanager
+def use_engine(name: str) -> Iterator[str]:
+    """Run the native wrappers on engine `name` in this thread inside the block (tests and benchmarks comparing
+    engines in one process). Raises RuntimeError when it cannot run here."""
+    why = engine_runs(name)
+    if why or name == "torch":
+        raise RuntimeError(f"engine {name} cannot be selected here: {why or 'torch is not a native engine'}")
+    ext = load_build(ENGINE_BUILD[name])
+    assert ext is not None
+    old = (getattr(_override, "ext", None), getattr(_override, "name", None))
+    _override.ext, _override.name = ext, name
+    prev_amx = bool(ext.amx_active())
+    ext.set_amx(name == "amx")
+    try:
+        yield name
+    finally:
+        ext.set_amx(prev_amx)
+        _override.ext, _override.name = old
+
+
+def _prune(current: Path, build: str, keep_s: float = 86400.0) -> None:
+    """Remove builds of older kernel sources of this build (sibling dirs untouched for a day), and pre-engine ones."""
+    import re
     import shutil
 
     now = time.time()
     for d in current.parent.glob("dspark_native_*"):
+        mine = d.name.startswith(f"dspark_native_{build}_") or re.fullmatch(r"dspark_native_[0-9a-f]{12}", d.name)
         try:
-            if d != current and d.is_dir() and now - d.stat().st_mtime > keep_s:
+            if mine and d != current and d.is_dir() and now - d.stat().st_mtime > keep_s:
                 shutil.rmtree(d, ignore_errors=True)
         except OSError:
             pass
-
-
-def _ext() -> ModuleType | None:
-    if _state["ext"] is None and _state["reason"] is None:
-        with _lock:
-            if _state["ext"] is None and _state["reason"] is None:
-                try:
-                    _state["ext"] = _build()
-                except Exception as exc:  # noqa: BLE001 - any build failure → torch path
-                    _state["reason"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc) else ''}"
-                    log.warning("native kernels unavailable (%s); the runtime uses its pure-torch path",
-                                _state["reason"])
-    return _state["ext"]
 
 
 def ext() -> ModuleType:
@@ -135,12 +287,13 @@ def unavailable_reason() -> str:
 
 
 def has_vnni() -> bool:
+    """True when the engine has exact int8 x int8 products (AVX-512 VNNI, or AVX2's vpmaddwd)."""
     ext = _ext()
-    return ext is not None and "vnni" in ext.build_info()
+    return ext is not None and ("vnni" in ext.build_info() or ext.build_info().startswith("avx2"))
 
 
 def set_amx(on: bool) -> None:
-    """Allow (default) or forbid AMX tiles for the products (benchmarks and tests of the FMA engine)."""
+    """Allow or forbid AMX tiles for the products of the AVX-512 build (tests of its FMA engine)."""
     ext = _ext()
     if ext is not None:
         ext.set_amx(bool(on))

@@ -1,9 +1,9 @@
 // RoPE + KV-cache write and per-query attention of the dspark_trt native kernels.
 //
 // A query's attention output depends only on its own position, its q vector and the cached keys/values it may see:
-// scores in fp32 over keys lo..p in order, softmax with common.h's exp, P·V accumulated in fp32 key by key. No span
+// scores in fp32 over keys lo..p in order, softmax with simd512.h's exp, P·V accumulated in fp32 key by key. No span
 // padding, no batching across queries, so decode, verify and batched rows all give the same bits.
-#include "common.h"
+#include "simd512.h"
 
 namespace dspark {
 
@@ -205,7 +205,7 @@ void attend_unit(const AttnArgs& a, int64_t b, int64_t g, int64_t t0, int64_t t1
         _mm512_storeu_ps(s + j, e);
         lacc = _mm512_add_ps(lacc, e);
       }
-      lsum[hh] = _mm512_reduce_add_ps(lacc);
+      lsum[hh] = reduce_add_x16(lacc);
     }
     // P·V key by key, HB query heads at a time sharing each value row (each head's sum in its own order)
     constexpr int HB = DV >= 16 ? 1 : (16 / DV > 4 ? 4 : 16 / DV);
@@ -258,7 +258,7 @@ void attend_unit_d(const AttnArgs& a, int64_t DV, int64_t b, int64_t g, int64_t 
 // q [M = B·T, H·D]; ck/cv [S, Hkv, max_seq, D] holding this step's keys → out [M, H·D]. Query (b, t) at position
 // p = starts[b] + t attends keys lo..p of slot slots[b] (lo = p − window + 1 with a sliding window, else 0); rows
 // t ≥ lengths[b] get zeros. Scores fp32 (per key a fixed FMA chain over D, then hsum16 by blocks of 16 keys),
-// softmax with common.h's exp, P·V accumulated in fp32 key by key.
+// softmax with simd512.h's exp, P·V accumulated in fp32 key by key.
 // bidir: every query of row b attends keys lo..starts[b] + lengths[b] − 1 (a block that sees itself whole).
 at::Tensor attend(const at::Tensor& q, const at::Tensor& ck, const at::Tensor& cv, const at::Tensor& slots,
                   const at::Tensor& starts, const at::Tensor& lengths, int64_t H, int64_t window, double scale,

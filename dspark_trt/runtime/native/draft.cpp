@@ -2,7 +2,7 @@
 // runtime's row-invariant product, rounded to the param dtype, as fp32), i_k = argmax(U_k + bias) (lowest index on
 // ties, as torch.argmax), x_k = d2t[i_k]. The same arithmetic as kernels/block_draft/reference.py's greedy rows
 // with runtime.dispatch's native bias, without γ round trips through Python and ATen.
-#include "common.h"
+#include "simd512.h"
 
 namespace dspark {
 namespace {

@@ -215,7 +215,7 @@ void rms_norm_row(const void* x, const void* wt, float eps, int64_t K, bool is_b
                              : _mm512_maskz_loadu_ps(mk, static_cast<const float*>(x) + k);
     ss = _mm512_fmadd_ps(v, v, ss);
   }
-  const float r = 1.0f / std::sqrt(_mm512_reduce_add_ps(ss) / static_cast<float>(K) + eps);
+  const float r = 1.0f / std::sqrt(reduce_add_x16(ss) / static_cast<float>(K) + eps);
   const __m512 rv = _mm512_set1_ps(r);
   for (int64_t k = 0; k < K; k += 16) {
     const __mmask16 mk = tail16(K - k);
@@ -325,72 +325,15 @@ void* stage_input(const at::Tensor& x, const LinearPlan& p, const c10::optional<
 bool amx_active() { return g_amx_allowed.load() && amx_supported(); }
 void set_amx(bool on) { g_amx_allowed.store(on ? 1 : 0); }
 
-std::vector<at::Tensor> pack_weight(const at::Tensor& w, int64_t kind, bool swiglu) {
-  TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "pack_weight: contiguous [N, K]");
-  TORCH_CHECK(kind >= P_BF16 && kind <= P_I8Q, "pack_weight: unknown kind");
-#if !defined(__AVX512VNNI__) || !defined(__AVX512DQ__)
-  TORCH_CHECK(!quads(static_cast<int>(kind)), "pack_weight: int8 x int8 products need AVX512_VNNI and AVX512DQ");
-#endif
-  const int64_t N = w.size(0), K = w.size(1), g = kgroup(static_cast<int>(kind)), al = kalign(static_cast<int>(kind));
-  const int64_t Kp = (K + al - 1) / al * al, half = N / 2;
-  TORCH_CHECK(!swiglu || N % 2 == 0, "pack_weight: SwiGLU needs an even row count");
-  const int64_t NB = swiglu ? 2 * ((half + 15) / 16) : (N + 15) / 16;
-  at::Tensor out = at::zeros({NB, Kp / g, 16, g}, w.options());
-  at::Tensor rowsum = at::zeros({NB * 16}, w.options().dtype(at::kInt));
-  const int64_t es = w.element_size();
-  const char* src = static_cast<const char*>(w.data_ptr());
-  char* dst = static_cast<char*>(out.data_ptr());
-  at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      const int64_t r0 = swiglu ? (blk / 2) * 16 + (blk % 2 ? half : 0) : blk * 16;
-      const int64_t lim = swiglu ? (blk % 2 ? N : half) : N;
-      for (int64_t i = 0; i < 16 && r0 + i < lim; ++i) {
-        const int64_t row = r0 + i;
-        int32_t sum = 0;
-        for (int64_t k = 0; k < K; ++k) {
-          std::memcpy(dst + (((blk * (Kp / g) + k / g) * 16 + i) * g + k % g) * es, src + (row * K + k) * es, es);
-          if (quads(static_cast<int>(kind))) sum += static_cast<const int8_t*>(w.data_ptr())[row * K + k];
-        }
-        rowsum.data_ptr<int32_t>()[blk * 16 + i] = sum;
-      }
-    }
-  });
-  return {out, rowsum};
-}
-
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& rowsum, int64_t kind, int64_t N,
                   bool swiglu, const c10::optional<at::Tensor>& scale, const c10::optional<at::Tensor>& bias,
                   bool bias_f32, const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& norm_weight,
                   double eps, const c10::optional<at::Tensor>& sq_pre, double sq_act, bool out_f32) {
-  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "linear: x [M, K] with contiguous rows");
-  const bool is_bf16 = x.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(is_bf16 || x.scalar_type() == at::kFloat, "linear: bf16 or fp32 activations");
-  const bool pair = kind == P_BF16 || kind == P_I8P;
-  TORCH_CHECK(kind == P_SQ || (kind == P_I8Q ? is_bf16 : pair == is_bf16), "linear: packing does not match the activation dtype");
   LinearPlan p;
-  p.M = x.size(0);
-  p.K = x.size(1);
-  p.N = N;
-  p.kind = static_cast<int>(kind);
-  p.swiglu = swiglu;
-  p.bf16 = is_bf16;
-  p.out_f32 = out_f32;
-  p.NB = packed.size(0);
-  p.Kp = packed.size(1) * packed.size(3);
-  TORCH_CHECK(p.Kp >= p.K && p.Kp - p.K < kalign(p.kind), "linear: packed K does not match x");
-  p.amx = (pair || quads(p.kind)) && amx_active();
-  const int64_t nout = swiglu ? N / 2 : N;
-  if (norm_weight.has_value()) {
-    TORCH_CHECK(norm_weight->scalar_type() == x.scalar_type() && norm_weight->numel() == p.K &&
-                norm_weight->is_contiguous(), "linear: norm weight [K] in x's dtype");
-  }
   const float* pre = nullptr;
-  if (kind == P_SQ) {
-    TORCH_CHECK(sq_pre.has_value() && sq_pre->scalar_type() == at::kFloat && sq_pre->numel() == p.K, "linear: sq_pre");
-    pre = sq_pre->data_ptr<float>();
-    p.rowsum = rowsum.data_ptr<int32_t>();
-  }
-  if (kind == P_I8Q) p.rowsum = rowsum.data_ptr<int32_t>();
+  at::Tensor out = make_plan(x, packed, rowsum, kind, N, swiglu, scale, bias, bias_f32, residual, norm_weight, sq_pre,
+                             out_f32, amx_active(), &p, &pre);
+  const bool is_bf16 = p.bf16;
   std::vector<double> limb_scale(kind == P_I8Q ? p.M : 0);
   p.limb_scale = limb_scale.data();
 
@@ -401,24 +344,6 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tenso
     p.x = stage_input(x, p, norm_weight, static_cast<float>(eps), pre, static_cast<float>(sq_act), limb_scale.data());
     p.ldx = p.Kp;
   }
-  p.w = packed.data_ptr();
-  if (scale.has_value()) {
-    TORCH_CHECK(scale->scalar_type() == at::kFloat && scale->numel() == N && scale->is_contiguous(), "linear: scale");
-    p.scale = scale->data_ptr<float>();
-  }
-  if (bias.has_value()) {
-    TORCH_CHECK(bias->numel() == N && bias->is_contiguous(), "linear: bias [N]");
-    TORCH_CHECK(bias->scalar_type() == (bias_f32 ? at::kFloat : x.scalar_type()), "linear: bias dtype");
-    p.bias = bias->data_ptr();
-    p.bias_f32 = bias_f32;
-  }
-  if (residual.has_value()) {
-    TORCH_CHECK(residual->scalar_type() == x.scalar_type() && residual->is_contiguous() && residual->dim() == 2 &&
-                residual->size(0) == p.M && residual->size(1) == nout, "linear: residual [M, Nout]");
-    p.res = residual->data_ptr();
-  }
-  at::Tensor out = at::empty({p.M, nout}, x.options().dtype(out_f32 ? at::kFloat : x.scalar_type()));
-  p.out = out.data_ptr();
   const int64_t per_task = 4;  // weight blocks per task (even: SwiGLU keeps (up, fc) pairs together)
   const int64_t ntasks = (p.NB + per_task - 1) / per_task;
   const int64_t work = p.M * p.NB * 16 * p.Kp;

@@ -28,34 +28,11 @@
 // the row count, the row's place in a tile or the thread split — so every row's bits are independent of its batch.
 #pragma once
 
-#include "common.h"
+#include "plan.h"
+#include "simd512.h"
 
 namespace dspark {
 namespace lin {
-
-enum Pack { P_BF16 = 0, P_F32 = 1, P_I8P = 2, P_I8F = 3, P_SQ = 4, P_I8Q = 5 };
-inline bool quads(int kind) { return kind == P_SQ || kind == P_I8Q; }  // int8 x int8 products on k-quads
-inline int kgroup(int kind) { return quads(kind) ? 4 : (kind == P_BF16 || kind == P_I8P) ? 2 : 1; }
-inline int64_t kalign(int kind) { return quads(kind) ? 64 : (kind == P_BF16 || kind == P_I8P) ? 32 : 1; }
-constexpr int LIMBS = 2;                // P_I8Q: signed base-256 digits per activation element
-constexpr int LIMB_BITS = 8 * LIMBS - 2;  // |v| < 2^LIMB_BITS (the top digit stays within [-64, 64])
-constexpr int LIMB_ROWS = 16 / LIMBS;   // P_I8Q on AMX: activation rows per 16-row tile
-
-struct LinearPlan {
-  int64_t M = 0, K = 0, N = 0, Kp = 0, NB = 0;
-  int kind = P_BF16;
-  bool swiglu = false, bf16 = true, out_f32 = false, amx = false;
-  const void* x = nullptr;  // staged activations, ldx elements per row (see stage_input)
-  int64_t ldx = 0;
-  const void* w = nullptr;  // packed weight
-  const float* scale = nullptr;
-  const int32_t* rowsum = nullptr;  // SQ / I8Q on the FMA engine: Σ_k w[n, k] (activations are stored +128)
-  const double* limb_scale = nullptr;  // I8Q: per activation row, s = 2^(e - LIMB_BITS)
-  const void* bias = nullptr;
-  bool bias_f32 = false;
-  const void* res = nullptr;
-  void* out = nullptr;
-};
 
 // ---------------------------------------------------------------------------------------------------- epilogue
 inline void block_rows(const LinearPlan& p, int64_t blk, int64_t* row0, __mmask16* valid) {
