@@ -17,7 +17,6 @@ import argparse
 import datetime
 import logging
 import os
-import platform
 import statistics
 import subprocess
 import time
@@ -64,11 +63,10 @@ class Report:
 
 
 def machine() -> str:
-    try:
-        model = next(line.split(":", 1)[1].strip() for line in subprocess.run(
-            ["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines() if line.startswith("Model name"))
-    except Exception:  # noqa: BLE001 - lscpu missing: any description will do
-        model = platform.processor() or "unknown CPU"
+    from dspark_trt.runtime import native
+
+    cpu = native.cpu_summary()
+    model = f"{cpu['cpu']} (flags: {' '.join(cpu['flags'])}; kernel engine **{cpu['engine']}**)"
     load = os.getloadavg()
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
@@ -352,6 +350,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--llama-gguf", action="append", default=[], metavar="LABEL=PATH",
                     help="GGUF for llama.cpp (repeatable), e.g. bf16=smollm2-bf16.gguf q8_0=smollm2-q8_0.gguf")
     ap.add_argument("--hf", action="store_true", help="also time HF transformers generate")
+    ap.add_argument("--engine", default=None, help="force the native engine (amx | avx512 | avx2 | torch), as "
+                    "DSPARK_NATIVE_ENGINE")
+    ap.add_argument("--llama-isa", default=None, help="use the llama.cpp build of scripts/setup_llama_cpp.sh for this "
+                    "ISA (runs/gguf/llama-ISA: avx512, avx2, native)")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks-runtime.md")
     ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "benchmarks-runtime.png")
     ap.add_argument("--no-plot", action="store_true")
@@ -360,6 +362,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> Report:
     args = parse_args(argv)
+    if args.engine:
+        os.environ["DSPARK_NATIVE_ENGINE"] = args.engine
+    if args.llama_isa:
+        import sys
+
+        sys.path.insert(0, str(ROOT / "runs" / "gguf" / f"llama-{args.llama_isa}"))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("transformers").setLevel(logging.ERROR)
     torch.set_num_threads(args.threads)

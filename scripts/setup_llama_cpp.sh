@@ -6,9 +6,11 @@
 #   .venv/bin/python scripts/bench_runtime.py --llama-gguf bf16=runs/gguf/smollm2-135m-bf16.gguf \
 #       --llama-gguf q8_0=runs/gguf/smollm2-135m-q8_0.gguf
 #
-# AMX is off: on Sapphire Rapids KVM guests a -march=native build dies with SIGILL (`tilezero`) in ggml's AMX path
-# on the first forward; AVX-512 (VNNI, BF16, VBMI) stays on. Idempotent: an importable llama_cpp and existing GGUFs
-# are kept.
+# Built for the machine it runs on: on AVX-512 hosts AVX-512 (VNNI, BF16, VBMI) on and AMX off (on Sapphire Rapids
+# KVM guests ggml's AMX path dies with SIGILL (`tilezero`) on the first forward); on hosts without AVX-512 with
+# native flags (-DGGML_NATIVE=ON). LLAMA_ISA=avx2 builds an AVX2 + FMA only llama.cpp on any host (the peer of our
+# forced avx2 engine on an AVX-512 machine). The build goes to OUT_DIR/llama-ISA (pip --target); bench_runtime.py
+# finds it there (--llama-isa). Idempotent: an importable build and existing GGUFs are kept.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${DSPARK_VENV:-$ROOT/.venv}"
@@ -18,13 +20,27 @@ VERSION=0.3.36
 SDIST="$OUT/src/llama_cpp_python-$VERSION.tar.gz"
 mkdir -p "$OUT/src"
 [ -f "$SDIST" ] || "$PY" -m pip download -q --no-binary :all: --no-deps "llama-cpp-python==$VERSION" -d "$OUT/src"
-if ! "$PY" -c "import llama_cpp" 2>/dev/null; then
-  echo "building llama-cpp-python $VERSION (AMX off; ~6 min on 2 cores)" >&2
-  CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=ON \
--DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF \
--DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
-    "$PY" -m pip install -q "$SDIST"
+ISA="${LLAMA_ISA:-auto}"
+if [ "$ISA" = auto ]; then
+  grep -qw avx512f /proc/cpuinfo && ISA=avx512 || ISA=native
 fi
+case "$ISA" in
+  avx512) FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=ON \
+-DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF \
+-DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" ;;
+  avx2) FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+-DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" ;;
+  native) FLAGS="-DGGML_NATIVE=ON" ;;
+  *) echo "LLAMA_ISA must be auto, avx512, avx2 or native (got $ISA)" >&2; exit 2 ;;
+esac
+LIB="$OUT/llama-$ISA"
+if ! PYTHONPATH="$LIB" "$PY" -c "import llama_cpp" 2>/dev/null; then
+  echo "building llama-cpp-python $VERSION for $ISA into $LIB (~6 min on 2 cores)" >&2
+  CMAKE_ARGS="$FLAGS" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
+    "$PY" -m pip install -q --no-deps --target "$LIB" "$SDIST"
+  "$PY" -m pip install -q diskcache jinja2 typing-extensions  # its dependencies, in the venv (numpy<2 stays)
+fi
+echo "llama_cpp=$LIB"
 SRC="$OUT/src/llama_cpp_python-$VERSION"
 [ -d "$SRC/vendor/llama.cpp/conversion" ] || tar -xzf "$SDIST" -C "$OUT/src" \
   "llama_cpp_python-$VERSION/vendor/llama.cpp/convert_hf_to_gguf.py" "llama_cpp_python-$VERSION/vendor/llama.cpp/gguf-py" \

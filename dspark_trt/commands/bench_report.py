@@ -10,7 +10,6 @@ import argparse
 import datetime as dt
 import logging
 import os
-import platform
 import statistics
 import subprocess
 from pathlib import Path
@@ -20,23 +19,19 @@ log = logging.getLogger("dspark_trt.bench")
 
 
 def machine_stamp() -> dict[str, Any]:
+    """CPU model, vector flags and kernel engine (runtime.native.cpu_summary), cores, torch, commit, date."""
     import torch
 
-    model = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from dspark_trt.runtime import native
+
+    cpu = native.cpu_summary()
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 cwd=Path(__file__).resolve().parent, timeout=10).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         commit = "unknown"
-    return {"cpu": model, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "commit": commit,
+    return {"cpu": cpu["cpu"], "flags": " ".join(cpu["flags"]), "engine": cpu["engine"], "cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "torch": torch.__version__, "commit": commit,
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 
@@ -54,7 +49,8 @@ def write_report(args: argparse.Namespace, results: dict[str, Any], gamma: int, 
     lines = [
         "# Benchmarks", "",
         f"Machine: {stamp['cpu']}, {stamp['cores']} cores (torch threads {stamp['torch_threads']}), "
-        f"torch {stamp['torch']}, commit {stamp['commit']}, {stamp['date']}.", "",
+        f"torch {stamp['torch']}, commit {stamp['commit']}, {stamp['date']}. Kernel engine: **{stamp['engine']}** "
+        f"(CPU flags: {stamp['flags']}).", "",
         f"Target: {args.target or 'embedded SmolLM2-135M-Instruct'} ({args.dtype}); drafter: {draft_dir.name} "
         f"(γ = {gamma}). {n_prompts} prompts ({args.prompts or 'held-out set: never used in training'}), greedy, "
         f"EOS ignored, {args.max_new_tokens} new tokens per run, {args.repeats} interleaved round(s). Decode tok/s "
@@ -141,7 +137,8 @@ def _plot(path: Path, med: dict[str, float], results: dict[str, Any], gamma: int
     ax2.set_ylabel("acceptance (accepted ≥ j | verified ≥ j)")
     ax2.set_ylim(0, 1)
     ax2.legend(fontsize=6)
-    fig.suptitle(f"dspark-trt bench — {stamp['cpu']}, {stamp['torch_threads']} threads, {stamp['commit']}", fontsize=9)
+    fig.suptitle(f"dspark-trt bench — {stamp['cpu']}, engine {stamp['engine']}, {stamp['torch_threads']} threads, "
+                 f"{stamp['commit']}", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

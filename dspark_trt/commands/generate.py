@@ -157,6 +157,9 @@ def run(args: argparse.Namespace) -> int:
         stats = res.stats.summary()
         stats["speedup_estimate"] = engine.stats["speedup"]
         stats["tokens_per_s"] = engine.stats["tokens_per_s"]
+        from dspark_trt.runtime import native
+
+        stats["kernel_engine"] = native.engine()
         print(json.dumps({"text": text, "token_ids": res.tokens, "finish_reason": res.finish_reason, "stats": stats}))
     else:
         print(text)

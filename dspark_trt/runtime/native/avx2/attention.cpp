@@ -1,0 +1,336 @@
+// RoPE + KV-cache write and per-query attention, AVX2 + FMA engine: the same bits as ../attention.cpp (its
+// AVX-512 twin) for every input. Each of the twin's 16-lane vectors is two 8-lane halves here (lo = lanes 0-7,
+// hi = lanes 8-15) doing the same per-lane operations in the same order; only the order of independent work
+// (which key or head is computed first) differs, never the operations that make one output.
+//
+// A query's attention output depends only on its own position, its q vector and the cached keys/values it may see:
+// scores in fp32 over keys lo..p in order, softmax with simd256.h's exp, P·V accumulated in fp32 key by key.
+#include "../simd256.h"
+
+namespace dspark {
+
+// qkv [M = B·T, (H + 2·Hkv)·D] → q [M, H·D] with RoPE; k (RoPE'd) and v written to ck/cv [S, Hkv, max_seq, D] at
+// (slots[b], :, pos[b, t]). cos/sin [P, D] in the model dtype. RoPE numerics as torch: x·cos and rot·sin rounded,
+// then their sum rounded (bf16); rot = [-x2, x1].
+at::Tensor rope_kv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& pos,
+                   at::Tensor& ck, at::Tensor& cv, const at::Tensor& slots, int64_t H, int64_t Hkv) {
+  TORCH_CHECK(qkv.is_contiguous() && cos.is_contiguous() && sin.is_contiguous() && ck.is_contiguous() &&
+              cv.is_contiguous(), "rope_kv: contiguous tensors");
+  const bool is_bf16 = qkv.scalar_type() == at::kBFloat16;
+  const int64_t D = ck.size(3), MS = ck.size(2), B = slots.size(0);
+  const int64_t M = qkv.size(0), T = M / B, half = D / 2;
+  TORCH_CHECK(qkv.size(1) == (H + 2 * Hkv) * D && pos.numel() == M, "rope_kv: shapes");
+  at::Tensor q = at::empty({M, H * D}, qkv.options());
+  const int64_t* ps = pos.data_ptr<int64_t>();
+  const int64_t* sl = slots.data_ptr<int64_t>();
+  const int64_t W = qkv.size(1);
+  auto rot = [&](auto* src, auto* c, auto* s, auto* dst) {  // one head
+    using T_ = std::remove_const_t<std::remove_pointer_t<decltype(src)>>;
+    if (half % 8 == 0) {  // 8 lanes at a time; the partner of chunk d is d ± half
+      // half % 16 == 0 is the twin's vector path, which negates as 0 − x; otherwise its scalar path, −x (the two
+      // differ in the sign of a zero and of a NaN)
+      const bool sub0 = half % 16 == 0;
+      for (int64_t d = 0; d < D; d += 8) {
+        const bool first = d < half;
+        const int64_t pd = first ? d + half : d - half;
+        __m256 x, r, cv_, sv;
+        if constexpr (std::is_same<T_, bf16>::value) {
+          x = v8::load_bf16(reinterpret_cast<const uint16_t*>(src) + d);
+          r = v8::load_bf16(reinterpret_cast<const uint16_t*>(src) + pd);
+          cv_ = v8::load_bf16(reinterpret_cast<const uint16_t*>(c) + d);
+          sv = v8::load_bf16(reinterpret_cast<const uint16_t*>(s) + d);
+        } else {
+          x = _mm256_loadu_ps(src + d);
+          r = _mm256_loadu_ps(src + pd);
+          cv_ = _mm256_loadu_ps(c + d);
+          sv = _mm256_loadu_ps(s + d);
+        }
+        if (first) r = sub0 ? _mm256_sub_ps(_mm256_setzero_ps(), r) : _mm256_xor_ps(r, _mm256_set1_ps(-0.0f));
+        if constexpr (std::is_same<T_, bf16>::value) {
+          const __m256 y = v8::round_bf16(_mm256_add_ps(v8::round_bf16(_mm256_mul_ps(x, cv_)),
+                                                        v8::round_bf16(_mm256_mul_ps(r, sv))));
+          v8::store_bf16(reinterpret_cast<uint16_t*>(dst) + d, v8::bf16_bits(y));
+        } else {
+          _mm256_storeu_ps(dst + d, _mm256_add_ps(_mm256_mul_ps(x, cv_), _mm256_mul_ps(r, sv)));
+        }
+      }
+      return;
+    }
+    for (int64_t d = 0; d < D; ++d) {
+      const float x = static_cast<float>(src[d]);
+      const float r = d < half ? -static_cast<float>(src[d + half]) : static_cast<float>(src[d - half]);
+      if constexpr (std::is_same<T_, bf16>::value) {
+        dst[d] = bf16(rb(x * static_cast<float>(c[d])) + rb(r * static_cast<float>(s[d])));
+      } else {
+        dst[d] = x * c[d] + r * s[d];
+      }
+    }
+  };
+  auto body = [&](auto tag) {
+    using T_ = decltype(tag);
+    const T_* src = static_cast<const T_*>(qkv.data_ptr());
+    const T_* C = static_cast<const T_*>(cos.data_ptr());
+    const T_* S = static_cast<const T_*>(sin.data_ptr());
+    T_* qo = static_cast<T_*>(q.data_ptr());
+    T_* K_ = static_cast<T_*>(ck.data_ptr());
+    T_* V_ = static_cast<T_*>(cv.data_ptr());
+    for (int64_t m = 0; m < M; ++m) {
+      const int64_t p = ps[m], slot = sl[m / T];
+      TORCH_CHECK(p >= 0 && p < MS && p < cos.size(0), "rope_kv: position out of range");
+      const T_* row = src + m * W;
+      for (int64_t h = 0; h < H; ++h) rot(row + h * D, C + p * D, S + p * D, qo + m * H * D + h * D);
+      for (int64_t g = 0; g < Hkv; ++g) {
+        T_* kd = K_ + ((slot * Hkv + g) * MS + p) * D;
+        rot(row + (H + g) * D, C + p * D, S + p * D, kd);
+        std::memcpy(V_ + ((slot * Hkv + g) * MS + p) * D, row + (H + Hkv + g) * D, D * sizeof(T_));
+      }
+    }
+  };
+  if (is_bf16) body(bf16()); else body(float());
+  return q;
+}
+
+namespace {
+
+struct AttnArgs {
+  const char *q, *k, *v;
+  char* out;
+  const int64_t *slots, *starts, *lengths;
+  int64_t H, Hkv, G, MS, T;
+  int64_t window;
+  float scale;
+  bool bidir;  // every query of a row sees the row's whole span (starts + lengths − 1), not just keys ≤ its own
+};
+
+// 4 keys' dot products with q [D = 16·DV]: per key the twin's 16-lane chain acc = fma(q, k, acc) over the D/16
+// chunks from acc = 0 (lo / hi halves), then the first three levels of the twin's hsum16 tree for that key:
+// A = Q0 + Q2, B = Q1 + Q3 (quarters Q = lanes 4i..4i+3), C = A + B, then c0 + c2 and c1 + c3.
+// → [k0: c0+c2, c1+c3, k2: c0+c2, c1+c3 | k1: …, k3: …]
+template <int DV>
+inline __m256 dot4(const float* q, const float* const* kr) {
+  __m256 lo[4], hi[4];
+  for (int i = 0; i < 4; ++i) lo[i] = hi[i] = _mm256_setzero_ps();
+  for (int c = 0; c < DV; ++c) {
+    const __m256 ql = _mm256_loadu_ps(q + 16 * c), qh = _mm256_loadu_ps(q + 16 * c + 8);
+    for (int i = 0; i < 4; ++i) {
+      lo[i] = _mm256_fmadd_ps(ql, _mm256_loadu_ps(kr[i] + 16 * c), lo[i]);
+      hi[i] = _mm256_fmadd_ps(qh, _mm256_loadu_ps(kr[i] + 16 * c + 8), hi[i]);
+    }
+  }
+  __m256 t[4];  // [A | B] per key
+  for (int i = 0; i < 4; ++i) t[i] = _mm256_add_ps(lo[i], hi[i]);
+  const __m256 c01 = _mm256_add_ps(_mm256_permute2f128_ps(t[0], t[1], 0x20), _mm256_permute2f128_ps(t[0], t[1], 0x31));
+  const __m256 c23 = _mm256_add_ps(_mm256_permute2f128_ps(t[2], t[3], 0x20), _mm256_permute2f128_ps(t[2], t[3], 0x31));
+  return _mm256_add_ps(_mm256_shuffle_ps(c01, c23, 0x44), _mm256_shuffle_ps(c01, c23, 0xEE));
+}
+
+// scores of the 8 keys kr[0..7] → s[0..7]: (c0 + c2) + (c1 + c3) (hsum16's last level), · scale
+template <int DV>
+inline void scores8(const float* q, const float* const* kr, __m256 sc, float* s) {
+  const __m256 a = dot4<DV>(q, kr), b = dot4<DV>(q, kr + 4);
+  const __m256 z = _mm256_add_ps(_mm256_shuffle_ps(a, b, 0x88), _mm256_shuffle_ps(a, b, 0xDD));  // [k0 k2 k4 k6 | k1 k3 k5 k7]
+  _mm256_storeu_ps(s, _mm256_mul_ps(_mm256_permutevar8x32_ps(z, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)), sc));
+}
+
+// softmax numerators of n scores s [n, padded to 16] in place, → their sum. The twin's 16 lanes as lo / hi: the
+// lane-wise maximum (strict >, so a NaN score is skipped), std::max across the 16 lanes in order, exp(s − max)
+// (zeros past n), the sum per lane l of the keys j ≡ l (mod 16) in order, reduced by reduce_add16's tree.
+inline float softmax_num(float* s, int64_t n) {
+  __m256 mlo = _mm256_set1_ps(-INFINITY), mhi = mlo;
+  for (int64_t j = 0; j < n; j += 16) {
+    const __m256 xl = _mm256_loadu_ps(s + j), xh = _mm256_loadu_ps(s + j + 8);
+    const __m256 gl = _mm256_and_ps(_mm256_cmp_ps(xl, mlo, _CMP_GT_OQ), _mm256_castsi256_ps(v8::lanes(n - j)));
+    const __m256 gh = _mm256_and_ps(_mm256_cmp_ps(xh, mhi, _CMP_GT_OQ), _mm256_castsi256_ps(v8::lanes(n - j - 8)));
+    mlo = _mm256_blendv_ps(mlo, xl, gl);
+    mhi = _mm256_blendv_ps(mhi, xh, gh);
+  }
+  alignas(32) float lanes[16];
+  _mm256_store_ps(lanes, mlo);
+  _mm256_store_ps(lanes + 8, mhi);
+  float mx = -INFINITY;
+  for (int i = 0; i < 16; ++i) mx = std::max(mx, lanes[i]);
+  const __m256 mv = _mm256_set1_ps(mx);
+  __m256 llo = _mm256_setzero_ps(), lhi = llo;
+  for (int64_t j = 0; j < n; j += 16) {
+    const __m256 el = _mm256_and_ps(v8::exp(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv)), _mm256_castsi256_ps(v8::lanes(n - j)));
+    const __m256 eh = _mm256_and_ps(v8::exp(_mm256_sub_ps(_mm256_loadu_ps(s + j + 8), mv)),
+                                    _mm256_castsi256_ps(v8::lanes(n - j - 8)));
+    _mm256_storeu_ps(s + j, el);
+    _mm256_storeu_ps(s + j + 8, eh);
+    llo = _mm256_add_ps(llo, el);
+    lhi = _mm256_add_ps(lhi, eh);
+  }
+  return v8::reduce_add16(llo, lhi);
+}
+
+// P·V of NH query heads (numerators p + h·np, sums lsum[h]) over value columns [col, col + 8·CW), CW ≤ D / 8:
+// o = fma(p_j, v_j, o) key by key, then o / lsum, stored to out rows off + h·D
+template <bool BF16, int NH, int CW>
+void pv_tile(const float* p, int64_t np, const float* V, int64_t D, int64_t n, int64_t col, const float* lsum,
+             char* out, int64_t off) {
+  __m256 o[NH][CW];
+  for (int h = 0; h < NH; ++h)
+    for (int c = 0; c < CW; ++c) o[h][c] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; ++j) {
+    const float* vr = V + j * D + col;
+    __m256 vv[CW];
+    for (int c = 0; c < CW; ++c) vv[c] = _mm256_loadu_ps(vr + 8 * c);
+    for (int h = 0; h < NH; ++h) {
+      const __m256 pj = _mm256_set1_ps(p[h * np + j]);
+      for (int c = 0; c < CW; ++c) o[h][c] = _mm256_fmadd_ps(pj, vv[c], o[h][c]);
+    }
+  }
+  for (int h = 0; h < NH; ++h) {
+    const __m256 lv = _mm256_set1_ps(lsum[h]);
+    const int64_t at = off + h * D + col;
+    for (int c = 0; c < CW; ++c) {
+      const __m256 y = _mm256_div_ps(o[h][c], lv);
+      if constexpr (BF16) v8::store_bf16(reinterpret_cast<uint16_t*>(out) + at + 8 * c, v8::f2b(y));
+      else _mm256_storeu_ps(reinterpret_cast<float*>(out) + at + 8 * c, y);
+    }
+  }
+}
+
+template <bool BF16, int NH, int CW>
+void pv_heads(const float* p, int64_t np, const float* V, int64_t D, int64_t n, const float* lsum, char* out,
+              int64_t off) {
+  for (int64_t col = 0; col < D; col += 8 * CW) pv_tile<BF16, NH, CW>(p, np, V, D, n, col, lsum, out, off);
+}
+
+// One (request b, kv head g, queries t0..t1-1) unit: each real query t of the range, its G query heads over keys
+// lo..p. The keys and values the range can see are widened to fp32 once (scratch kf / vf) and shared by its queries
+// and heads; each block of 8 keys is scored for all G heads while it is in L1.
+template <bool BF16, int DV>
+void attend_unit(const AttnArgs& a, int64_t b, int64_t g, int64_t t0, int64_t t1, std::vector<float>& kf,
+                 std::vector<float>& vf, std::vector<float>& sbuf, std::vector<float>& qf) {
+  constexpr int64_t D = 16 * DV, C8 = 2 * DV;  // C8: 8-lane chunks in a row
+  const int64_t nq = a.lengths[b], G = a.G, H = a.H;
+  t1 = std::min(t1, nq);
+  if (t0 >= t1) return;
+  // the keys queries t0..t1-1 can see: from the first one's window start to the last one's position
+  const int64_t p_first = a.starts[b] + (a.bidir ? 0 : t0), p_last = a.starts[b] + (a.bidir ? nq : t1) - 1;
+  const int64_t lo0 = a.window > 0 ? std::max<int64_t>(0, p_first - a.window + 1) : 0;
+  const int64_t nk = p_last - lo0 + 1;
+  const int64_t kv_off = ((a.slots[b] * a.Hkv + g) * a.MS + lo0) * D;  // element offset of key lo0
+  const float *K, *V;
+  if constexpr (BF16) {
+    if (static_cast<int64_t>(kf.size()) < nk * D) kf.resize(nk * D);  // scratch kept per thread: no refill
+    if (static_cast<int64_t>(vf.size()) < nk * D) vf.resize(nk * D);
+    float* kd = kf.data();
+    float* vd = vf.data();
+    const uint16_t* ks = reinterpret_cast<const uint16_t*>(a.k) + kv_off;
+    const uint16_t* vs = reinterpret_cast<const uint16_t*>(a.v) + kv_off;
+    for (int64_t e = 0; e < nk * D; e += 8) {  // keys lo0..p_last are contiguous rows of D
+      _mm256_storeu_ps(kd + e, v8::load_bf16(ks + e));
+      _mm256_storeu_ps(vd + e, v8::load_bf16(vs + e));
+    }
+    K = kd;
+    V = vd;
+  } else {
+    K = reinterpret_cast<const float*>(a.k) + kv_off;
+    V = reinterpret_cast<const float*>(a.v) + kv_off;
+  }
+  if (static_cast<int64_t>(qf.size()) < G * D) qf.resize(G * D);
+  const __m256 sc = _mm256_set1_ps(a.scale);
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t m = b * a.T + t, p = a.bidir ? p_last : a.starts[b] + t;
+    const int64_t lo = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
+    const int64_t n = p - lo + 1, np = (n + 15) / 16 * 16, j_off = lo - lo0;
+    const int64_t qoff = m * H * D + g * G * D;  // element offset of the group's first query head
+    if (static_cast<int64_t>(sbuf.size()) < G * np) sbuf.resize(G * np);
+    for (int64_t e = 0; e < G * D; e += 8) {  // the group's q rows as fp32 [G, D]
+      if constexpr (BF16) _mm256_storeu_ps(qf.data() + e, v8::load_bf16(reinterpret_cast<const uint16_t*>(a.q) + qoff + e));
+      else _mm256_storeu_ps(qf.data() + e, _mm256_loadu_ps(reinterpret_cast<const float*>(a.q) + qoff + e));
+    }
+    for (int64_t j0 = 0; j0 < n; j0 += 8) {  // scores [G, np], keys in blocks of 8 (a last partial block repeats
+      const int64_t nb = std::min<int64_t>(8, n - j0);  // its last key; scores past n are never read)
+      const float* kb = K + (j_off + j0) * D;
+      const float* kr[8];
+      for (int i = 0; i < 8; ++i) kr[i] = kb + std::min<int64_t>(i, nb - 1) * D;
+      for (int64_t hh = 0; hh < G; ++hh) scores8<DV>(qf.data() + hh * D, kr, sc, sbuf.data() + hh * np + j0);
+    }
+    alignas(64) float lsum[64];  // per query head: Σ of its softmax numerators
+    for (int64_t hh = 0; hh < G; ++hh) lsum[hh] = softmax_num(sbuf.data() + hh * np, n);
+    // P·V: query heads in groups of 4, 2, 1 sharing each value row, 8 accumulators a column tile
+    const float* s = sbuf.data();
+    const int64_t vo = j_off * D;
+    for (int64_t h0 = 0; h0 < G;) {
+      const int64_t left = G - h0;
+      const float* ph = s + h0 * np;
+      const int64_t off = qoff + h0 * D;
+      if (left >= 4) {
+        pv_heads<BF16, 4, 2>(ph, np, V + vo, D, n, lsum + h0, a.out, off);
+        h0 += 4;
+      } else if (left >= 2) {
+        pv_heads<BF16, 2, (C8 >= 4 ? 4 : 2)>(ph, np, V + vo, D, n, lsum + h0, a.out, off);
+        h0 += 2;
+      } else {
+        pv_heads<BF16, 1, (C8 >= 8 ? 8 : C8)>(ph, np, V + vo, D, n, lsum + h0, a.out, off);
+        h0 += 1;
+      }
+    }
+  }
+}
+
+template <bool BF16>
+void attend_unit_d(const AttnArgs& a, int64_t DV, int64_t b, int64_t g, int64_t t0, int64_t t1, std::vector<float>& kf,
+                   std::vector<float>& vf, std::vector<float>& sbuf, std::vector<float>& qf) {
+  switch (DV) {
+    case 1: return attend_unit<BF16, 1>(a, b, g, t0, t1, kf, vf, sbuf, qf);
+    case 2: return attend_unit<BF16, 2>(a, b, g, t0, t1, kf, vf, sbuf, qf);
+    case 4: return attend_unit<BF16, 4>(a, b, g, t0, t1, kf, vf, sbuf, qf);
+    case 8: return attend_unit<BF16, 8>(a, b, g, t0, t1, kf, vf, sbuf, qf);
+    default: return attend_unit<BF16, 16>(a, b, g, t0, t1, kf, vf, sbuf, qf);
+  }
+}
+
+}  // namespace
+
+// q [M = B·T, H·D]; ck/cv [S, Hkv, max_seq, D] holding this step's keys → out [M, H·D]. Query (b, t) at position
+// p = starts[b] + t attends keys lo..p of slot slots[b] (lo = p − window + 1 with a sliding window, else 0); rows
+// t ≥ lengths[b] get zeros. Scores fp32 (per key the twin's FMA chain over D and hsum16 tree), softmax with
+// simd256.h's exp, P·V accumulated in fp32 key by key.
+// bidir: every query of row b attends keys lo..starts[b] + lengths[b] − 1 (a block that sees itself whole).
+at::Tensor attend(const at::Tensor& q, const at::Tensor& ck, const at::Tensor& cv, const at::Tensor& slots,
+                  const at::Tensor& starts, const at::Tensor& lengths, int64_t H, int64_t window, double scale,
+                  bool bidir) {
+  TORCH_CHECK(q.is_contiguous() && ck.is_contiguous() && cv.is_contiguous(), "attend: contiguous tensors");
+  const bool is_bf16 = q.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(ck.scalar_type() == q.scalar_type() && cv.scalar_type() == q.scalar_type(), "attend: dtypes");
+  const int64_t Hkv = ck.size(1), D = ck.size(3), B = slots.size(0), M = q.size(0);
+  const int64_t DV = D / 16;
+  TORCH_CHECK(q.size(1) == H * D && D % 16 == 0 && (DV & (DV - 1)) == 0 && DV <= 16,
+              "attend: head_dim must be 16, 32, 64, 128 or 256");
+  TORCH_CHECK(H % Hkv == 0 && H / Hkv <= 64, "attend: heads must be a multiple of kv heads (≤ 64 per group)");
+  at::Tensor out = at::empty({M, H * D}, q.options());
+  AttnArgs a{static_cast<const char*>(q.data_ptr()), static_cast<const char*>(ck.data_ptr()),
+             static_cast<const char*>(cv.data_ptr()), static_cast<char*>(out.data_ptr()), slots.data_ptr<int64_t>(),
+             starts.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), H, Hkv, H / Hkv, ck.size(2), M / B, window,
+             static_cast<float>(scale), bidir};
+  int64_t total = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    total += a.lengths[b] * (a.starts[b] + a.lengths[b]);
+    const int64_t real = std::max<int64_t>(0, std::min<int64_t>(a.lengths[b], a.T));
+    if (real < a.T)  // queries past the row's length: zeros
+      std::memset(static_cast<char*>(out.data_ptr()) + (b * a.T + real) * H * D * q.element_size(), 0,
+                  (a.T - real) * H * D * q.element_size());
+  }
+  // units: (row, kv head, query chunk). Causal with fewer (row, kv head) pairs than 2 per thread (verify of one
+  // request): queries in chunks of ≥ 4, so the threads share the work evenly (each chunk widens its keys once more).
+  const int64_t pairs = B * Hkv, nth = at::get_num_threads();
+  const int64_t chunks = (bidir || pairs >= 2 * nth) ? 1 : std::max<int64_t>(1, std::min((2 * nth + pairs - 1) / pairs, a.T / 4));
+  const int64_t tq = (a.T + chunks - 1) / chunks;
+  const int64_t units = pairs * chunks;
+  const int64_t grain = total * H * D < (1 << 16) ? units : 1;
+  at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
+    thread_local std::vector<float> kf, vf, sbuf, qf;
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t pr = u / chunks, t0 = (u % chunks) * tq;
+      if (is_bf16) attend_unit_d<true>(a, DV, pr / Hkv, pr % Hkv, t0, t0 + tq, kf, vf, sbuf, qf);
+      else attend_unit_d<false>(a, DV, pr / Hkv, pr % Hkv, t0, t0 + tq, kf, vf, sbuf, qf);
+    }
+  });
+  return out;
+}
+
+}  // namespace dspark
