@@ -75,59 +75,68 @@ inline void emit_blocks(const LinearPlan& p, int64_t m, int64_t blk0, const __m2
   }
 }
 
+// The packed weight block blk (for software prefetch while the block before it is multiplied), nullptr past the end
+inline const char* next_block(const LinearPlan& p, int64_t blk) {
+  if (blk >= p.NB) return nullptr;
+  const int64_t bytes = p.Kp * 16 * (p.kind == P_F32 ? 4 : (p.kind == P_BF16 ? 2 : 1));
+  return static_cast<const char*>(p.w) + blk * bytes;
+}
+
 // ---------------------------------------------------------------------------------------------------- float kinds
 // acc[b][h][m] (lanes = rows 8h.. of block blk0 + b) = Σ_k x[m0 + m, k] · w[row, k], k in order
 template <int KIND, int MRT, int NBT>
-inline void fma_tile(const LinearPlan& p, int64_t m0, int64_t blk0) {
-  __m256 acc[NBT][2][MRT];
+inline void fma_sums(const LinearPlan& p, int64_t m0, int64_t blk0, __m256 (&out)[NBT][2][MRT], const char* pf = nullptr) {
+  __m256 acc[NBT][2][MRT];  // local: the caller's array may alias the activations (float), which would force a
+                            // store of every accumulator on every k step
   for (int b = 0; b < NBT; ++b)
     for (int h = 0; h < 2; ++h)
       for (int m = 0; m < MRT; ++m) acc[b][h][m] = _mm256_setzero_ps();
   const int64_t Kp = p.Kp, ldx = p.ldx;
   const float* xr = static_cast<const float*>(p.x) + m0 * ldx;
+  // Loop order for 16 ymm registers: a block's four weight vectors (both halves) once, then per row x broadcast
+  // once and used for both halves: 2·MRT·NBT accumulators + 4·NBT weight + 2 x registers (MRT ≤ 4 at NBT = 1),
+  // two FMAs per broadcast.
   if constexpr (KIND == P_BF16) {
     const int64_t kq = Kp / 2;
     const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
     for (int64_t k2 = 0; k2 < kq; ++k2) {
-      __m256 x0[MRT], x1[MRT];
-      for (int m = 0; m < MRT; ++m) {
-        x0[m] = _mm256_broadcast_ss(xr + m * ldx + 2 * k2);
-        x1[m] = _mm256_broadcast_ss(xr + m * ldx + 2 * k2 + 1);
-      }
+      if (pf) _mm_prefetch(pf + k2 * 64, _MM_HINT_T0);  // the next block's line at this k (one line per k2)
       for (int b = 0; b < NBT; ++b) {
         const uint16_t* wp = static_cast<const uint16_t*>(p.w) + ((blk0 + b) * kq + k2) * 32;
+        __m256 w0[2], w1[2];
         for (int h = 0; h < 2; ++h) {
           const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 16 * h));
-          const __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
-          const __m256 w1 = _mm256_castsi256_ps(_mm256_and_si256(raw, hi_mask));
-          for (int m = 0; m < MRT; ++m) acc[b][h][m] = _mm256_fmadd_ps(x1[m], w1, _mm256_fmadd_ps(x0[m], w0, acc[b][h][m]));
+          w0[h] = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+          w1[h] = _mm256_castsi256_ps(_mm256_and_si256(raw, hi_mask));
+        }
+        for (int m = 0; m < MRT; ++m) {
+          const __m256 x0 = _mm256_broadcast_ss(xr + m * ldx + 2 * k2), x1 = _mm256_broadcast_ss(xr + m * ldx + 2 * k2 + 1);
+          for (int h = 0; h < 2; ++h) acc[b][h][m] = _mm256_fmadd_ps(x1, w1[h], _mm256_fmadd_ps(x0, w0[h], acc[b][h][m]));
         }
       }
     }
   } else {  // P_F32, P_I8F: [NB, K, 16]
+    const int64_t line = KIND == P_F32 ? 64 : 16;  // bytes of one k of a block
     for (int64_t k = 0; k < Kp; ++k) {
-      __m256 xv[MRT];
-      for (int m = 0; m < MRT; ++m) xv[m] = _mm256_broadcast_ss(xr + m * ldx + k);
+      if (pf && (k * line) % 64 == 0) _mm_prefetch(pf + k * line, _MM_HINT_T0);
       for (int b = 0; b < NBT; ++b) {
+        __m256 wv[2];
         for (int h = 0; h < 2; ++h) {
-          __m256 wv;
           if constexpr (KIND == P_F32) {
-            wv = _mm256_loadu_ps(static_cast<const float*>(p.w) + ((blk0 + b) * Kp + k) * 16 + 8 * h);
+            wv[h] = _mm256_loadu_ps(static_cast<const float*>(p.w) + ((blk0 + b) * Kp + k) * 16 + 8 * h);
           } else {
-            wv = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(
+            wv[h] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(
                 static_cast<const int8_t*>(p.w) + ((blk0 + b) * Kp + k) * 16 + 8 * h))));
           }
-          for (int m = 0; m < MRT; ++m) acc[b][h][m] = _mm256_fmadd_ps(xv[m], wv, acc[b][h][m]);
+        }
+        for (int m = 0; m < MRT; ++m) {
+          const __m256 xv = _mm256_broadcast_ss(xr + m * ldx + k);
+          for (int h = 0; h < 2; ++h) acc[b][h][m] = _mm256_fmadd_ps(xv, wv[h], acc[b][h][m]);
         }
       }
     }
   }
-  for (int m = 0; m < MRT; ++m) {
-    __m256 v[NBT][2];
-    for (int b = 0; b < NBT; ++b)
-      for (int h = 0; h < 2; ++h) v[b][h] = acc[b][h][m];
-    emit_blocks<NBT>(p, m0 + m, blk0, v);
-  }
+  std::memcpy(out, acc, sizeof(acc));
 }
 
 // ---------------------------------------------------------------------------------------------------- int8 kinds
@@ -175,67 +184,180 @@ inline void int_sums(const LinearPlan& p, int64_t m0, int64_t blk0, __m256d (&to
   }
 }
 
+// raw sums → fp32 per row: I8Q fp32(s · Σ) (s a power of two: exact in double); SQ the exact integer rounded
 template <int MRT, int NBT>
-inline void int_tile(const LinearPlan& p, int64_t m0, int64_t blk0) {
-  __m256d tot[NBT][4][MRT];
-  int_sums<MRT, NBT>(p, m0, blk0, tot);
-  for (int m = 0; m < MRT; ++m) {
-    // I8Q: fp32(s · Σ) (s a power of two: exact in double); SQ: the exact integer rounded to fp32
-    const __m256d s = _mm256_set1_pd(p.kind == P_I8Q ? p.limb_scale[m0 + m] : 1.0);
-    __m256 v[NBT][2];
-    for (int b = 0; b < NBT; ++b)
+inline void int_values(const LinearPlan& p, int64_t m0, const __m256d (&tot)[NBT][4][MRT], int m, __m256 (&v)[NBT][2]) {
+  const __m256d s = _mm256_set1_pd(p.kind == P_I8Q ? p.limb_scale[m0 + m] : 1.0);
+  for (int b = 0; b < NBT; ++b)
+    for (int h = 0; h < 2; ++h)
+      v[b][h] = _mm256_set_m128(_mm256_cvtpd_ps(_mm256_mul_pd(tot[b][2 * h + 1][m], s)),
+                                _mm256_cvtpd_ps(_mm256_mul_pd(tot[b][2 * h][m], s)));
+}
+
+// Rows m0 .. m0 + MRT − 1 × blocks blk0 .. blk0 + NBT − 1 → outputs. PAIR (SwiGLU, NBT = 1): blocks blk0 (up) and
+// blk0 + 1 (fc) summed in two passes of one block each, then emitted together (fewer live registers).
+template <int KIND, int MRT, int NBT, bool PAIR = false>
+void tile(const LinearPlan& p, int64_t m0, int64_t blk0, bool pf = false) {
+  constexpr int NB = PAIR ? 2 : NBT;
+  if constexpr (KIND == P_SQ) {  // the int8 kinds (P_SQ stands for P_SQ and P_I8Q)
+    __m256d tot[NB][4][MRT];
+    if constexpr (PAIR) {
+      int_sums<MRT, 1>(p, m0, blk0, reinterpret_cast<__m256d(&)[1][4][MRT]>(tot[0]));
+      int_sums<MRT, 1>(p, m0, blk0 + 1, reinterpret_cast<__m256d(&)[1][4][MRT]>(tot[1]));
+    } else {
+      int_sums<MRT, NB>(p, m0, blk0, tot);
+    }
+    for (int m = 0; m < MRT; ++m) {
+      __m256 v[NB][2];
+      int_values<MRT, NB>(p, m0, tot, m, v);
+      emit_blocks<NB>(p, m0 + m, blk0, v);
+    }
+  } else {
+    __m256 acc[NB][2][MRT];
+    if constexpr (PAIR) {
+      fma_sums<KIND, MRT, 1>(p, m0, blk0, reinterpret_cast<__m256(&)[1][2][MRT]>(acc[0]), pf ? next_block(p, blk0 + 2) : nullptr);
+      fma_sums<KIND, MRT, 1>(p, m0, blk0 + 1, reinterpret_cast<__m256(&)[1][2][MRT]>(acc[1]), pf ? next_block(p, blk0 + 3) : nullptr);
+    } else {
+      fma_sums<KIND, MRT, NB>(p, m0, blk0, acc, pf ? next_block(p, blk0 + NB) : nullptr);
+    }
+    for (int m = 0; m < MRT; ++m) {
+      __m256 v[NB][2];
+      for (int b = 0; b < NB; ++b)
+        for (int h = 0; h < 2; ++h) v[b][h] = acc[b][h][m];
+      emit_blocks<NB>(p, m0 + m, blk0, v);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------- many rows
+// Int8 kinds with several rows (M > 1): one 4-row quarter of one weight block per pass, for up to 10 activation
+// rows at once — one accumulator per row, so every weight vector widened serves all of them (the block's other
+// quarters are read by the next passes, from L1).
+
+// quarter q (rows 4q .. 4q + 3) of block blk, rows m0 .. m0 + R − 1: out[m] = the exact sums as 4 doubles
+template <int R>
+inline void quarter_pass(const LinearPlan& p, int64_t m0, int64_t blk, int q, __m256d* out, const char* pf) {
+  __m256d tot[R];
+  for (int m = 0; m < R; ++m) tot[m] = _mm256_setzero_pd();
+  const int64_t kq = p.Kp / 4, ldx = p.ldx;
+  const int16_t* xr = static_cast<const int16_t*>(p.x) + m0 * ldx;
+  const int8_t* wp = static_cast<const int8_t*>(p.w) + blk * kq * 64 + 16 * q;
+  for (int64_t s0 = 0; s0 < kq; s0 += SEG) {
+    const int64_t s1 = std::min(kq, s0 + SEG);
+    __m256i acc[R];  // lanes: row 4q + i, pair i·2 + j (as int_sums)
+    for (int m = 0; m < R; ++m) acc[m] = _mm256_setzero_si256();
+    for (int64_t k4 = s0; k4 < s1; ++k4) {
+      if (pf) _mm_prefetch(pf + k4 * 64, _MM_HINT_T0);
+      const __m256i w16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wp + k4 * 64)));
+      for (int m = 0; m < R; ++m) {
+        int64_t quad;
+        std::memcpy(&quad, xr + m * ldx + 4 * k4, 8);
+        acc[m] = _mm256_add_epi32(acc[m], _mm256_madd_epi16(w16, _mm256_set1_epi64x(quad)));
+      }
+    }
+    for (int m = 0; m < R; ++m) {  // [p0 p1 p2 p3 | p4 p5 p6 p7] → rows [p0+p1, p2+p3, p4+p5, p6+p7]
+      const __m256i h = _mm256_permute4x64_epi64(_mm256_hadd_epi32(acc[m], acc[m]), 0x08);
+      tot[m] = _mm256_add_pd(tot[m], _mm256_cvtepi32_pd(_mm256_castsi256_si128(h)));
+    }
+  }
+  std::memcpy(out, tot, sizeof(tot));
+}
+
+// rows m0 .. m0 + R − 1 × block blk (SwiGLU: the pair blk, blk + 1) → outputs; pf: prefetch the next blocks
+template <int R>
+void many_rows(const LinearPlan& p, int64_t m0, int64_t blk, bool pf) {
+  const int nb = p.swiglu ? 2 : 1;
+  __m256 v[2][2][R];  // [block][half][row]
+  for (int b = 0; b < nb; ++b) {
+    __m256d tot[4][R];
+    for (int q = 0; q < 4; ++q) quarter_pass<R>(p, m0, blk + b, q, tot[q], pf && q == 0 ? next_block(p, blk + b + nb) : nullptr);
+    for (int m = 0; m < R; ++m) {
+      const __m256d s = _mm256_set1_pd(p.kind == P_I8Q ? p.limb_scale[m0 + m] : 1.0);
       for (int h = 0; h < 2; ++h)
-        v[b][h] = _mm256_set_m128(_mm256_cvtpd_ps(_mm256_mul_pd(tot[b][2 * h + 1][m], s)),
-                                  _mm256_cvtpd_ps(_mm256_mul_pd(tot[b][2 * h][m], s)));
-    emit_blocks<NBT>(p, m0 + m, blk0, v);
+        v[b][h][m] = _mm256_set_m128(_mm256_cvtpd_ps(_mm256_mul_pd(tot[2 * h + 1][m], s)),
+                                     _mm256_cvtpd_ps(_mm256_mul_pd(tot[2 * h][m], s)));
+    }
+  }
+  for (int m = 0; m < R; ++m) {
+    if (p.swiglu) {
+      const __m256 vv[2][2] = {{v[0][0][m], v[0][1][m]}, {v[1][0][m], v[1][1][m]}};
+      emit_blocks<2>(p, m0 + m, blk, vv);
+    } else {
+      const __m256 vv[1][2] = {{v[0][0][m], v[0][1][m]}};
+      emit_blocks<1>(p, m0 + m, blk, vv);
+    }
   }
 }
 
 // ---------------------------------------------------------------------------------------------------- tiling
-template <int KIND, int NBT>
-void fma_rows(const LinearPlan& p, int64_t m0, int64_t mr, int64_t blk) {
-  if (mr == 1) fma_tile<KIND, 1, NBT>(p, m0, blk); else fma_tile<KIND, 2, NBT>(p, m0, blk);
+// One row m: NB1 blocks per pass, both halves (the weights stream once, 2·NB1 FMA chains).
+template <int KIND, int NB1>
+void one_row(const LinearPlan& p, int64_t m, int64_t b0, int64_t b1) {
+  int64_t blk = b0;
+  for (; blk + NB1 <= b1; blk += NB1) tile<KIND, 1, NB1>(p, m, blk);
+  if constexpr (NB1 > 2) {
+    for (; blk + 2 <= b1; blk += 2) tile<KIND, 1, 2>(p, m, blk);
+  }
+  if (blk < b1) tile<KIND, 1, 1>(p, m, blk);
 }
 
+// Several rows: for each weight block (a SwiGLU pair), every row group in turn while the block is in L1, so the
+// weights stream from memory at an even rate under the compute instead of in bursts. Groups are sized evenly, at
+// most MR rows (9 rows = 3 + 3 + 3: a 1-row group has too few FMA chains to hide their latency).
+template <int KIND, int MR, typename Fn>
+void row_groups(const LinearPlan& p, int64_t b0, int64_t b1, Fn&& fn) {
+  const int64_t groups = (p.M + MR - 1) / MR;
+  for (int64_t blk = b0; blk < b1; blk += p.swiglu ? 2 : 1) {
+    for (int64_t g = 0, m0 = 0; g < groups; ++g) {
+      const int64_t mr = (p.M - m0) / (groups - g);  // even split: sizes differ by at most one
+      fn(m0, mr, blk, g == 0);  // the first group streams the block from memory: it prefetches the next one
+      m0 += mr;
+    }
+  }
+}
+
+// Float kinds: groups of ≤ 4 rows × one block, both halves (≤ 8 FMA chains, two FMAs per broadcast)
 template <int KIND>
 void float_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
-  if (p.M == 1) {  // decode: four blocks (64 output rows) per pass
-    int64_t blk = b0;
-    for (; blk + 4 <= b1; blk += 4) fma_tile<KIND, 1, 4>(p, 0, blk);
-    for (; blk + 2 <= b1; blk += 2) fma_tile<KIND, 1, 2>(p, 0, blk);
-    if (blk < b1) fma_tile<KIND, 1, 1>(p, 0, blk);
-    return;
-  }
-  for (int64_t m0 = 0; m0 < p.M; m0 += 2) {
-    const int64_t mr = std::min<int64_t>(2, p.M - m0);
-    for (int64_t blk = b0; blk < b1; blk += 2) {
-      if (blk + 1 < b1) fma_rows<KIND, 2>(p, m0, mr, blk); else fma_rows<KIND, 1>(p, m0, mr, blk);
+  row_groups<KIND, 4>(p, b0, b1, [&](int64_t m0, int64_t mr, int64_t blk, bool pf) {
+    auto run = [&](auto rows) {
+      constexpr int R = decltype(rows)::value;
+      if (p.swiglu) tile<KIND, R, 1, true>(p, m0, blk, pf); else tile<KIND, R, 1>(p, m0, blk, pf);
+    };
+    switch (mr) {
+      case 1: return run(std::integral_constant<int, 1>());
+      case 2: return run(std::integral_constant<int, 2>());
+      case 3: return run(std::integral_constant<int, 3>());
+      default: return run(std::integral_constant<int, 4>());
     }
-  }
+  });
 }
 
+// Int8 kinds: groups of ≤ 10 rows × one block, through many_rows (one accumulator per row and quarter)
 void int_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
-  if (p.M == 1 || p.swiglu) {  // one row, two blocks (SwiGLU: the (up, fc) pair) per pass
-    for (int64_t m = 0; m < p.M; ++m)
-      for (int64_t blk = b0; blk < b1; blk += 2) {
-        if (blk + 1 < b1) int_tile<1, 2>(p, m, blk); else int_tile<1, 1>(p, m, blk);
-      }
-    return;
-  }
-  for (int64_t m0 = 0; m0 < p.M; m0 += 2) {
-    const bool two = m0 + 1 < p.M;
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      if (two) int_tile<2, 1>(p, m0, blk); else int_tile<1, 1>(p, m0, blk);
+  if (p.M == 1) return one_row<P_SQ, 2>(p, 0, b0, b1);
+  row_groups<P_SQ, 10>(p, b0, b1, [&](int64_t m0, int64_t mr, int64_t blk, bool pf) {
+    switch (mr) {
+      case 1: return many_rows<1>(p, m0, blk, pf);
+      case 2: return many_rows<2>(p, m0, blk, pf);
+      case 3: return many_rows<3>(p, m0, blk, pf);
+      case 4: return many_rows<4>(p, m0, blk, pf);
+      case 5: return many_rows<5>(p, m0, blk, pf);
+      case 6: return many_rows<6>(p, m0, blk, pf);
+      case 7: return many_rows<7>(p, m0, blk, pf);
+      case 8: return many_rows<8>(p, m0, blk, pf);
+      case 9: return many_rows<9>(p, m0, blk, pf);
+      default: return many_rows<10>(p, m0, blk, pf);
     }
-  }
+  });
 }
 
 void run_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
   switch (p.kind) {
-    case P_BF16: return float_blocks<P_BF16>(p, b0, b1);
-    case P_F32: return float_blocks<P_F32>(p, b0, b1);
-    case P_I8F: return float_blocks<P_I8F>(p, b0, b1);
-    default: return int_blocks(p, b0, b1);  // P_SQ, P_I8Q
+    case P_BF16: return p.M == 1 ? one_row<P_BF16, 4>(p, 0, b0, b1) : float_blocks<P_BF16>(p, b0, b1);
+    case P_F32: return p.M == 1 ? one_row<P_F32, 4>(p, 0, b0, b1) : float_blocks<P_F32>(p, b0, b1);
+    case P_I8F: return p.M == 1 ? one_row<P_I8F, 4>(p, 0, b0, b1) : float_blocks<P_I8F>(p, b0, b1);
+    default: return int_blocks(p, b0, b1);  // P_SQ, P_I8Q: exact int8 products
   }
 }
 
