@@ -354,8 +354,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     "DSPARK_NATIVE_ENGINE")
     ap.add_argument("--llama-isa", default=None, help="use the llama.cpp build of scripts/setup_llama_cpp.sh for this "
                     "ISA (runs/gguf/llama-ISA: avx512, avx2, native)")
-    ap.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks-runtime.md")
-    ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "benchmarks-runtime.png")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="markdown report (default docs/benchmarks-runtime-<CPU family>[-engine-<e>].md)")
+    ap.add_argument("--plot", type=Path, default=None, help="plot (default: the report's name with .png)")
     ap.add_argument("--no-plot", action="store_true")
     return ap.parse_args(argv)
 
@@ -364,6 +365,12 @@ def main(argv: list[str] | None = None) -> Report:
     args = parse_args(argv)
     if args.engine:
         os.environ["DSPARK_NATIVE_ENGINE"] = args.engine
+    if args.out is None:
+        from dspark_trt.runtime import native
+
+        args.out = ROOT / "docs" / f"benchmarks-runtime-{native.report_suffix()}.md"
+    if args.plot is None:
+        args.plot = args.out.with_suffix(".png")
     if args.llama_isa:
         import sys
 

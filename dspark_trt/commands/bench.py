@@ -72,7 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baseline")
     p.add_argument("--threads", type=int, default=D.threads, help="torch CPU threads (0 = torch's default)")
     p.add_argument("--note", action="append", default=[], help="a line added to the report's notes (repeatable)")
-    p.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"), help="markdown report (+ .png plot)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="markdown report (+ .png plot); default docs/benchmarks-<CPU family>[-engine-<e>].md")
 
 
 def load_prompts(path: Path | None) -> list[BenchPrompt]:
@@ -226,6 +227,10 @@ def run(args: argparse.Namespace) -> int:
                     ttft, _ = _timed(lambda: hf.generate(x, max_new_tokens=1, min_new_tokens=1, **kw))
                     wall, _ = _timed(lambda: hf.generate(x, max_new_tokens=n, min_new_tokens=n, **kw))
                 results["HF generate (bf16)"].rates.append((n - 1) / max(wall - ttft, 1e-9))
+    if args.out is None:
+        from dspark_trt.runtime import native
+
+        args.out = Path("docs") / f"benchmarks-{native.report_suffix()}.md"
     report = write_report(args, results, gamma, len(ids), draft_dir, table)
     log.info("report written to %s\n%s", args.out, report)
     return 0

@@ -1,4 +1,4 @@
-"""The `dspark-trt bench` report: markdown (docs/benchmarks.md) and a PNG plot next to it.
+"""The `dspark-trt bench` report: markdown (docs/benchmarks-<CPU family>.md) and a PNG plot next to it.
 
 Owns the machine/commit stamp, the tables (tok/s and ratios by engine; τ, acceptance and drafted-round share;
 acceptance per position j; τ by prompt kind; the measured cost table) and the plot (tok/s by engine, acceptance

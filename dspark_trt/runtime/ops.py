@@ -166,9 +166,9 @@ def attend_torch(q: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor, slots: Seq
     (already holding this step's keys) → attention output [B, T, H·D]; queries t ≥ lengths[b] get zeros.
 
     A query's result depends only on its own position and keys: rows of ≤ ROW_EXACT_MAX_T real tokens run one SDPA
-    batch entry per query over that query's own aligned span (entries with equal spans share one call), longer
-    rows one SDPA per request over the request's own span. So a token gets the same bits decoded alone, verified in
-    a K+1 block, or batched with other requests.
+    call per query over that query's own aligned span, longer rows one SDPA per request over the request's own
+    span. So a token gets the same bits decoded alone, verified in a K+1 block, or batched with other requests —
+    by construction (the same call on the same shapes), not by SDPA's batch entries happening to agree.
     """
     B, T, H, D = q.shape
     Hkv, max_seq = ck.shape[1], ck.shape[2]
@@ -193,25 +193,15 @@ def attend_torch(q: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor, slots: Seq
         for t in range(n):
             groups.setdefault(_span(starts[b] + t, max_seq), []).append((b, t))
     for span, members in groups.items():
-        rows = [b for b, _ in members]
-        pos = torch.tensor([starts[b] + t for b, t in members])  # [n]
         keys = torch.arange(span)
-        m = keys[None, :] <= pos[:, None]  # [n, span]
-        if window is not None:
-            m &= keys[None, :] > pos[:, None] - window
-        n = len(members)
-        if all(r == rows[0] for r in rows):  # one request: its keys as an expanded view
-            s = slots[rows[0]]
-            kk = ck[s, :, :span].expand(n, Hkv, span, D)
-            vv = cv[s, :, :span].expand(n, Hkv, span, D)
-        else:
-            idx = torch.tensor([slots[r] for r in rows])
-            kk = ck[:, :, :span].index_select(0, idx)  # [n, Hkv, span, D]
-            vv = cv[:, :, :span].index_select(0, idx)
-        bi = torch.tensor(rows)
-        ti = torch.tensor([t for _, t in members])
-        qq = q[bi, ti].unsqueeze(2)  # [n, H, 1, D]
-        o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=m[:, None, None, :], scale=scale,
-                                           enable_gqa=gqa)  # [n, H, 1, D]
-        out[bi, ti] = o.reshape(n, H * D)
+        for b, t in members:  # one SDPA call per query: the same call alone or batched (fp32 SDPA batch entries
+            p = starts[b] + t  # are not bit-identical to single calls on every CPU)
+            m = keys <= p  # [span]
+            if window is not None:
+                m &= keys > p - window
+            s = slots[b]
+            o = F.scaled_dot_product_attention(q[b, t].reshape(1, H, 1, D), ck[s:s + 1, :, :span], cv[s:s + 1, :, :span],
+                                               attn_mask=m.reshape(1, 1, 1, span), scale=scale,
+                                               enable_gqa=gqa)  # [1, H, 1, D]
+            out[b, t] = o.reshape(H * D)
     return out

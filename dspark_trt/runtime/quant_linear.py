@@ -238,7 +238,7 @@ class W8A8SQLinear(_QuantLinear):
         out_scale = self._cache.get("os")
         if out_scale is None:
             out_scale = self._cache["os"] = (self.activation_scaling_factor.float() * self.weights_scaling_factor.float())
-        if self.path != "dequantized":
+        if self.path == "torch._scaled_mm":
             wt = self._cache.get("wt")
             if wt is None:
                 wt = self._cache["wt"] = self.weight.t()  # [in, out] column-major view
@@ -283,7 +283,7 @@ class FP8Linear(_QuantLinear):
         a = self.activation_scaling_factor.float().reshape(())
         xq = (x2.float() / a).clamp_(-FP8_MAX, FP8_MAX).to(FP8)  # [M, in] e4m3
         s = self.weights_scaling_factor.float()
-        if self.path != "dequantized":
+        if self.path == "torch._scaled_mm":
             wt = self._cache.get("wt")
             if wt is None:
                 wt = self._cache["wt"] = self.weight.t()  # [in, out] column-major view

@@ -136,7 +136,7 @@ def test_default_target_lossless(default_target_dir: Path) -> None:
 
     The target runs in float32: in bfloat16 the verify pass over K+1 tokens and a 1-token decode step round
     differently, so exact logit ties (common with bf16 logits) can break the other way ("The capital of France
-    is", token 24) — a runtime numerics property, not the loop's; see docs/benchmarks.md."""
+    is", token 24) — a runtime numerics property, not the loop's; see docs/benchmarks-avx512-amx.md."""
     from dspark_trt.runtime.hf_loader import load_hf_checkpoint, load_tokenizer
 
     target = load_hf_checkpoint(default_target_dir, dtype=torch.float32)

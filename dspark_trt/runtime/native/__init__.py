@@ -88,11 +88,29 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_family() -> str:
+    """The CPU family by vector ISA, as benchmarks are filed (never compared across families): avx512-amx
+    (Sapphire Rapids class), avx512 (Zen 4 class), avx2 (Zen 3 / Haswell class), other."""
+    flags = cpu_flags()
+    if {"avx512f", "avx512bw", "avx512vl"} <= flags:
+        return "avx512-amx" if AMX_FLAGS <= flags else "avx512"
+    return "avx2" if {"avx2", "fma"} <= flags else "other"
+
+
+def report_suffix() -> str:
+    """`<family>`, or `<family>-engine-<engine>` when the engine in use is not the family's best: benchmark file
+    names (docs/benchmarks-<suffix>.md, docs/benchmarks-runtime-<suffix>.md)."""
+    best = {"avx512-amx": "amx", "avx512": "avx512", "avx2": "avx2"}.get(cpu_family(), "torch")
+    fam, eng = cpu_family(), engine()
+    return fam if eng == best else f"{fam}-engine-{eng}"
+
+
 def cpu_summary() -> dict[str, Any]:
     """The CPU model, the vector flags that choose an engine, and the engine in use (bench headers, --json)."""
     flags = cpu_flags()
     keep = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c")))
-    return {"cpu": cpu_model(), "flags": keep, "engine": engine(), "engine_reason": unavailable_reason() or None}
+    return {"cpu": cpu_model(), "family": cpu_family(), "flags": keep, "engine": engine(),
+            "engine_reason": unavailable_reason() or None}
 
 
 def _cache_root() -> Path:
