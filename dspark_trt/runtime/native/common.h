@@ -29,7 +29,7 @@ inline float b2f(uint16_t h) {
 inline uint16_t f2b(float f) { return c10::BFloat16(f).x; }  // round to nearest even, as torch
 inline float rb(float f) { return b2f(f2b(f)); }              // round through bf16
 
-// tensors (declared here, defined in linear.cpp / attention.cpp / draft.cpp, bound in module.cpp)
+// tensors (declared here, defined per engine in linear / attention / draft and in pack.cpp / markov.cpp, bound in module.cpp)
 std::vector<at::Tensor> pack_weight(const at::Tensor& w, int64_t kind, bool swiglu);
 at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& rowsum, int64_t kind, int64_t N,
                   bool swiglu, const c10::optional<at::Tensor>& scale, const c10::optional<at::Tensor>& bias,
@@ -40,6 +40,7 @@ at::Tensor rope_kv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tenso
 at::Tensor attend(const at::Tensor& q, const at::Tensor& ck, const at::Tensor& cv, const at::Tensor& slots,
                   const at::Tensor& starts, const at::Tensor& lengths, int64_t H, int64_t window, double scale,
                   bool bidir);
+int64_t argmax_sum(const float* u, const float* b, int64_t n);  // the engine's (draft.cpp), for markov.cpp
 at::Tensor markov_greedy(const at::Tensor& U, const at::Tensor& anchor, const at::Tensor& w1, const at::Tensor& w2p,
                          const at::Tensor& rowsum, int64_t kind, int64_t vd, const c10::optional<at::Tensor>& d2t);
 bool amx_active();

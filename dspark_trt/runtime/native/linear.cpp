@@ -337,20 +337,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& packed, const at::Tenso
   std::vector<double> limb_scale(kind == P_I8Q ? p.M : 0);
   p.limb_scale = limb_scale.data();
 
-  if (!norm_weight.has_value() && kind != P_SQ && !is_bf16 && p.Kp == p.K) {
-    p.x = x.data_ptr();  // fp32 rows used in place
-    p.ldx = x.stride(0);
-  } else {
-    p.x = stage_input(x, p, norm_weight, static_cast<float>(eps), pre, static_cast<float>(sq_act), limb_scale.data());
-    p.ldx = p.Kp;
-  }
-  const int64_t per_task = 4;  // weight blocks per task (even: SwiGLU keeps (up, fc) pairs together)
-  const int64_t ntasks = (p.NB + per_task - 1) / per_task;
-  const int64_t work = p.M * p.NB * 16 * p.Kp;
-  const int64_t grain = work < (1 << 17) ? ntasks : 1;  // tiny products run inline (no fork)
-  at::parallel_for(0, ntasks, grain, [&](int64_t t0, int64_t t1) {
-    run_blocks(p, t0 * per_task, std::min(p.NB, t1 * per_task));
-  });
+  const bool in_place = !norm_weight.has_value() && kind != P_SQ && !is_bf16 && p.Kp == p.K;  // fp32 rows as they are
+  execute(p, x, in_place, [&] {
+    return stage_input(x, p, norm_weight, static_cast<float>(eps), pre, static_cast<float>(sq_act), limb_scale.data());
+  }, run_blocks);
   return out;
 }
 

@@ -97,5 +97,23 @@ inline at::Tensor make_plan(const at::Tensor& x, const at::Tensor& packed, const
   return out;
 }
 
+// x staged by `stage()` (or its fp32 rows used in place), then `run(p, b0, b1)` over tasks of 4 weight blocks on the
+// threads (even: SwiGLU keeps (up, fc) pairs together); tiny products run inline (no fork)
+template <typename Stage, typename Run>
+inline void execute(LinearPlan& p, const at::Tensor& x, bool in_place, Stage&& stage, Run&& run) {
+  if (in_place) {
+    p.x = x.data_ptr();
+    p.ldx = x.stride(0);
+  } else {
+    p.x = stage();
+    p.ldx = p.Kp;
+  }
+  const int64_t per_task = 4;
+  const int64_t ntasks = (p.NB + per_task - 1) / per_task;
+  const int64_t work = p.M * p.NB * 16 * p.Kp;
+  const int64_t grain = work < (1 << 17) ? ntasks : 1;
+  at::parallel_for(0, ntasks, grain, [&](int64_t t0, int64_t t1) { run(p, t0 * per_task, std::min(p.NB, t1 * per_task)); });
+}
+
 }  // namespace lin
 }  // namespace dspark
