@@ -85,6 +85,11 @@ def test_wheel_holds_the_package_and_its_data_only(installed) -> None:  # noqa: 
     assert "dspark_trt/model_repo/ensemble/1/README" in names
     assert "dspark_trt/model_repo/dspark/1/model.py" in names
     assert "dspark_trt/kernels/fused_accept/kernel.py" in names
+    from dspark_trt.runtime import native  # every engine's kernel sources, so an installed wheel builds them all
+
+    for build in native.BUILDS.values():
+        for f in build.sources + build.headers:
+            assert f"dspark_trt/runtime/native/{f}" in names, f"{f} ({build.name} engine) is not in the wheel"
     assert "dspark_trt/assets/dspark-smollm2-135m/model.safetensors" in names
     assert "dspark_trt/assets/calib/calib.txt" in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
