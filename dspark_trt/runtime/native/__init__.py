@@ -51,12 +51,12 @@ class Build:
 BUILDS = {
     "avx512": Build("avx512", ("module.cpp", "pack.cpp", "linear.cpp", "linear_fma.cpp", "attention.cpp", "draft.cpp",
                      "markov.cpp"),
-                    ("common.h", "plan.h", "simd512.h", "linear.h", "rope.h"), ("-march=native",),
+                    ("common.h", "plan.h", "simd512.h", "linear.h", "rope.h", "attend.h"), ("-march=native",),
                     frozenset({"avx512f", "avx512bw", "avx512vl"})),
     # x86-64-v3 exactly (no AVX-512 even where the CPU has it); hidden symbols: both builds can share a process
     "avx2": Build("avx2", ("module.cpp", "pack.cpp", "avx2/linear.cpp", "avx2/attention.cpp", "avx2/draft.cpp",
                    "markov.cpp"),
-                  ("common.h", "plan.h", "simd256.h", "rope.h"), ("-march=x86-64-v3", "-mtune=native", "-fvisibility=hidden"),
+                  ("common.h", "plan.h", "simd256.h", "rope.h", "attend.h"), ("-march=x86-64-v3", "-mtune=native", "-fvisibility=hidden"),
                   frozenset({"avx2", "fma", "f16c", "bmi2"})),
 }
 ENGINE_BUILD = {"amx": "avx512", "avx512": "avx512", "avx2": "avx2"}

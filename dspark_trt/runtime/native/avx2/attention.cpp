@@ -7,6 +7,7 @@
 // scores in fp32 over keys lo..p in order, softmax with simd256.h's exp, P·V accumulated in fp32 key by key.
 #include "../simd256.h"
 #include "../rope.h"
+#include "../attend.h"
 
 namespace dspark {
 
@@ -51,16 +52,6 @@ at::Tensor rope_kv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tenso
 }
 
 namespace {
-
-struct AttnArgs {
-  const char *q, *k, *v;
-  char* out;
-  const int64_t *slots, *starts, *lengths;
-  int64_t H, Hkv, G, MS, T;
-  int64_t window;
-  float scale;
-  bool bidir;  // every query of a row sees the row's whole span (starts + lengths − 1), not just keys ≤ its own
-};
 
 // 4 keys' dot products with q [D = 16·DV]: per key the twin's 16-lane chain acc = fma(q, k, acc) over the D/16
 // chunks from acc = 0 (lo / hi halves), then the first three levels of the twin's hsum16 tree for that key:
@@ -246,51 +237,16 @@ void attend_unit_d(const AttnArgs& a, int64_t DV, int64_t b, int64_t g, int64_t 
 
 }  // namespace
 
-// q [M = B·T, H·D]; ck/cv [S, Hkv, max_seq, D] holding this step's keys → out [M, H·D]. Query (b, t) at position
-// p = starts[b] + t attends keys lo..p of slot slots[b] (lo = p − window + 1 with a sliding window, else 0); rows
-// t ≥ lengths[b] get zeros. Scores fp32 (per key the twin's FMA chain over D and hsum16 tree), softmax with
-// simd256.h's exp, P·V accumulated in fp32 key by key.
-// bidir: every query of row b attends keys lo..starts[b] + lengths[b] − 1 (a block that sees itself whole).
+// attend (attend.h): this engine's per-unit kernel, with per-thread scratch kept between calls.
 at::Tensor attend(const at::Tensor& q, const at::Tensor& ck, const at::Tensor& cv, const at::Tensor& slots,
                   const at::Tensor& starts, const at::Tensor& lengths, int64_t H, int64_t window, double scale,
                   bool bidir) {
-  TORCH_CHECK(q.is_contiguous() && ck.is_contiguous() && cv.is_contiguous(), "attend: contiguous tensors");
-  const bool is_bf16 = q.scalar_type() == at::kBFloat16;
-  TORCH_CHECK(ck.scalar_type() == q.scalar_type() && cv.scalar_type() == q.scalar_type(), "attend: dtypes");
-  const int64_t Hkv = ck.size(1), D = ck.size(3), B = slots.size(0), M = q.size(0);
-  const int64_t DV = D / 16;
-  TORCH_CHECK(q.size(1) == H * D && D % 16 == 0 && (DV & (DV - 1)) == 0 && DV <= 16,
-              "attend: head_dim must be 16, 32, 64, 128 or 256");
-  TORCH_CHECK(H % Hkv == 0 && H / Hkv <= 64, "attend: heads must be a multiple of kv heads (≤ 64 per group)");
-  at::Tensor out = at::empty({M, H * D}, q.options());
-  AttnArgs a{static_cast<const char*>(q.data_ptr()), static_cast<const char*>(ck.data_ptr()),
-             static_cast<const char*>(cv.data_ptr()), static_cast<char*>(out.data_ptr()), slots.data_ptr<int64_t>(),
-             starts.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), H, Hkv, H / Hkv, ck.size(2), M / B, window,
-             static_cast<float>(scale), bidir};
-  int64_t total = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    total += a.lengths[b] * (a.starts[b] + a.lengths[b]);
-    const int64_t real = std::max<int64_t>(0, std::min<int64_t>(a.lengths[b], a.T));
-    if (real < a.T)  // queries past the row's length: zeros
-      std::memset(static_cast<char*>(out.data_ptr()) + (b * a.T + real) * H * D * q.element_size(), 0,
-                  (a.T - real) * H * D * q.element_size());
-  }
-  // units: (row, kv head, query chunk). Causal with fewer (row, kv head) pairs than 2 per thread (verify of one
-  // request): queries in chunks of ≥ 4, so the threads share the work evenly (each chunk widens its keys once more).
-  const int64_t pairs = B * Hkv, nth = at::get_num_threads();
-  const int64_t chunks = (bidir || pairs >= 2 * nth) ? 1 : std::max<int64_t>(1, std::min((2 * nth + pairs - 1) / pairs, a.T / 4));
-  const int64_t tq = (a.T + chunks - 1) / chunks;
-  const int64_t units = pairs * chunks;
-  const int64_t grain = total * H * D < (1 << 16) ? units : 1;
-  at::parallel_for(0, units, grain, [&](int64_t u0, int64_t u1) {
-    thread_local std::vector<float> kf, vf, sbuf, qf;
-    for (int64_t u = u0; u < u1; ++u) {
-      const int64_t pr = u / chunks, t0 = (u % chunks) * tq;
-      if (is_bf16) attend_unit_d<true>(a, DV, pr / Hkv, pr % Hkv, t0, t0 + tq, kf, vf, sbuf, qf);
-      else attend_unit_d<false>(a, DV, pr / Hkv, pr % Hkv, t0, t0 + tq, kf, vf, sbuf, qf);
-    }
-  });
-  return out;
+  return attend_with(q, ck, cv, slots, starts, lengths, H, window, scale, bidir,
+                     [](const AttnArgs& a, bool is_bf16, int64_t DV, int64_t b, int64_t g, int64_t t0, int64_t t1) {
+                       thread_local std::vector<float> kf, vf, sbuf, qf;
+                       if (is_bf16) attend_unit_d<true>(a, DV, b, g, t0, t1, kf, vf, sbuf, qf);
+                       else attend_unit_d<false>(a, DV, b, g, t0, t1, kf, vf, sbuf, qf);
+                     });
 }
 
 }  // namespace dspark
