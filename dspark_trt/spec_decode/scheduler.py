@@ -16,7 +16,7 @@ Policies:
   Before drafting, `plan_drafting` weighs the drafter's own cost too: a request whose observed acceptance cannot
   pay for a drafter pass plus the extra verify tokens is not drafted (K = 0, drafter not run) for a backoff of
   1, 2, 4, … rounds, then probed again — so a useless drafter costs little more than plain decoding. The gate has
-  hysteresis: open, it closes only when drafting promises < 1 − gate_hysteresis of plain; closed, it reopens at
+  hysteresis: open, it closes when drafting promises < 1 − gate_hysteresis (default 0) of plain; closed, it reopens at
   ≥ 1 + gate_margin (a marginal drafter's noisy estimate would otherwise switch it off in rounds where it pays). A
   `GateMemory` carries the gate across requests (the observed survival and the backoff of one engine or server):
   a new request starts from what earlier requests measured, so short requests do not each re-probe from scratch.
@@ -54,8 +54,9 @@ class PolicyConfig:
     draft_stop: float = 0.0  # draft-side early stop: cut where Π c_i < draft_stop (0 = off; needs drafter conf)
     gate: bool = True  # survival: skip drafting (with backoff) while the drafter does not pay for its own cost
     gate_margin: float = 0.02  # survival gate: a closed gate reopens when drafting promises ≥ this gain over plain
-    gate_hysteresis: float = 0.03  # survival gate: an open gate closes only when drafting promises < 1 − this
+    gate_hysteresis: float = 0.0  # survival gate: an open gate closes when drafting promises < 1 − this (reopens ≥ 1 + margin)
     max_backoff: int = 64  # survival gate: the longest run of undrafted rounds between probes
+    probe_k: int = 2  # survival gate: the most a probe after a closed spell verifies (it only re-measures a_1, a_2)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", canonical_policy(self.policy))
@@ -71,9 +72,10 @@ class PolicyConfig:
             raise InvalidArgumentError(f"need 0 ≤ low < high ≤ 1, got low={self.low}, high={self.high}")
         if not 0.0 <= self.draft_stop < 1.0:
             raise InvalidArgumentError(f"draft_stop (confidence threshold) must be in [0, 1), got {self.draft_stop}")
-        if self.gate_margin < 0 or not 0.0 <= self.gate_hysteresis < 1.0 or self.max_backoff < 1:
-            raise InvalidArgumentError(f"need gate_margin ≥ 0, 0 ≤ gate_hysteresis < 1 and max_backoff ≥ 1, got "
-                                       f"{self.gate_margin}, {self.gate_hysteresis}, {self.max_backoff}")
+        if self.gate_margin < 0 or not 0.0 <= self.gate_hysteresis < 1.0 or self.max_backoff < 1 or self.probe_k < 1:
+            raise InvalidArgumentError(f"need gate_margin ≥ 0, 0 ≤ gate_hysteresis < 1, max_backoff ≥ 1 and probe_k ≥ 1, "
+                                       f"got {self.gate_margin}, {self.gate_hysteresis}, {self.max_backoff}, "
+                                       f"{self.probe_k}")
 
 
 @dataclass
@@ -297,7 +299,8 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
                   table: CostTable, memory: GateMemory | None = None) -> list[int]:
     """Draft caps for one round before the drafter runs: survival rows whose observed acceptance cannot pay for a
     drafter pass and its verify tokens get 0 (not drafted) for 1, 2, 4, … rounds (up to max_backoff), then one
-    probe round drafts again whatever the estimate says. Other policies keep their caps. Updates `states` (and
+    probe round drafts again whatever the estimate says (at most probe_k tokens after a closed spell: enough to see
+    whether a_1, a_2 recovered, without paying a long verify for a drafter that does not pay). Other policies keep their caps. Updates `states` (and
     `memory`'s backoff and skip: the next request continues them)."""
     out = [max(0, int(c)) for c in caps]
     rows = len(out)
@@ -310,6 +313,8 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
             out[r] = 0
         elif st.probe:  # drafts whatever the estimate says (no estimate yet: the drafter chose K = 0 → backoff)
             st.probe = False
+            if st.backoff > 1:  # a probe after a closed spell re-measures a_1..a_probe_k, at a short verify's cost
+                out[r] = min(out[r], cfg.probe_k)
         elif drafting_gain(st.survival_est, out[r], rows, table) >= (
                 1.0 - cfg.gate_hysteresis if st.backoff == 1 else 1.0 + cfg.gate_margin):
             st.backoff = 1  # open: stays open until drafting clearly loses (acceptance comes in bursts)

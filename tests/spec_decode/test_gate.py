@@ -189,8 +189,9 @@ def test_drafting_gain_extends_the_observed_survival_geometrically() -> None:
 
 def test_gate_hysteresis_keeps_a_marginal_drafter_in_its_state() -> None:
     """An estimate whose drafting gain lies between 1 − gate_hysteresis and 1 + gate_margin changes nothing: an open
-    gate stays open (drafts every round), a closed one stays closed (only probes)."""
-    cfg = PolicyConfig(policy="survival", min_k=1, max_k=1)
+    gate stays open (drafts every round), a closed one stays closed (only probes). The default band is [1, 1 + margin):
+    an open gate closes as soon as drafting promises less than plain."""
+    cfg = PolicyConfig(policy="survival", min_k=1, max_k=1, gate_hysteresis=0.03)
     est = [0.22]  # K = 1: (1 + 0.22) / (1.05 + 0.2) = 0.976 of plain
     assert 1.0 - cfg.gate_hysteresis <= drafting_gain(est, 1, 1, TABLE) < 1.0 + cfg.gate_margin
     opened = PolicyState.initial(cfg)
@@ -200,7 +201,34 @@ def test_gate_hysteresis_keeps_a_marginal_drafter_in_its_state() -> None:
     closed.survival_est, closed.probe, closed.backoff = list(est), False, 2  # closed once already
     drafted = [plan_drafting([cfg], [closed], [1], TABLE)[0] > 0 for _ in range(200)]
     assert sum(drafted) <= 8  # probes only, at backoffs 2, 4, … 64
-    strict = PolicyConfig(policy="survival", min_k=1, max_k=1, gate_hysteresis=0.0)
+    strict = PolicyConfig(policy="survival", min_k=1, max_k=1)
+    assert strict.gate_hysteresis == 0.0
     st = PolicyState.initial(strict)
     st.survival_est, st.probe = list(est), False
     assert plan_drafting([strict], [st], [1], TABLE)[0] == 0  # without hysteresis the same estimate closes it
+
+
+def test_a_probe_after_a_closed_spell_verifies_at_most_probe_k_tokens() -> None:
+    """The first round of a fresh request drafts its full cap; a probe after the gate closed drafts ≤ probe_k (it
+    re-measures a_1..a_probe_k at a short verify's cost), and a recovered drafter gets its full cap back."""
+    cfg = PolicyConfig(policy="survival", max_k=7, probe_k=2)
+    st = PolicyState.initial(cfg)
+    caps = [plan_drafting([cfg], [st], [7], TABLE)[0] for _ in range(1)]
+    assert caps == [7]
+    observe_survival(st, 7, 0)
+    seen = []
+    for _ in range(40):
+        c = plan_drafting([cfg], [st], [7], TABLE)[0]
+        seen.append(c)
+        if c:
+            observe_survival(st, c, 0)
+    assert seen.count(0) > 30 and {c for c in seen if c} == {2}  # closed: probes only, each of 2 tokens
+    after = []
+    for _ in range(300):  # the drafter recovers: probes accept everything until the gate reopens
+        c = plan_drafting([cfg], [st], [7], TABLE)[0]
+        after.append(c)
+        if c:
+            observe_survival(st, c, c)
+    assert after[-50:] == [7] * 50  # open again, at the full cap
+    with pytest.raises(InvalidArgumentError, match="probe_k"):
+        PolicyConfig(policy="survival", probe_k=0)
