@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dspark_trt.errors import InvalidArgumentError
+from dspark_trt.spec_decode.limits import request_room  # torch-free
 from dspark_trt.spec_decode.policies import POLICIES, resolve_policy_alias  # torch-free
 
 DTYPES: tuple[str, ...] = ("bfloat16", "float16", "float32")
@@ -88,8 +89,8 @@ class BuildOptions:
 
     @property
     def max_input_len(self) -> int:
-        """Prompt budget handed to trtllm-build: the sequence budget minus one block (≥ 1)."""
-        return max(1, self.max_seq_len - self.max_draft_len - 1)
+        """Prompt budget handed to trtllm-build: the sequence budget minus one block (≥ 1; spec_decode.limits.request_room)."""
+        return max(1, request_room(self.max_seq_len, self.max_draft_len))
 
     @property
     def serves_reference(self) -> bool:

@@ -38,6 +38,7 @@ from dspark_trt.serve.openai_protocol import (ChatCompletionRequest, CompletionR
                                               bad, error_body, finish_reason)
 from dspark_trt.serve.openai_server import OpenAIConfig
 from dspark_trt.serve.pipeline import ServeConfig
+from dspark_trt.spec_decode.limits import request_room
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,8 @@ class ModelInfo:
 
     @property
     def room(self) -> int:
-        """prompt + max_tokens may not exceed this (MAX_SEQ_LEN − γ − 1)."""
-        return self.serve.max_seq_len - self.serve.gamma - 1
+        """prompt + max_tokens may not exceed this (spec_decode.limits.request_room)."""
+        return request_room(self.serve.max_seq_len, self.serve.gamma)
 
 
 def _config_from_pbtxt(path: Path) -> dict[str, Any]:

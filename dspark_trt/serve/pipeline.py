@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from dspark_trt.errors import ServeError
 from dspark_trt.serve.metrics import ServeMetrics
 from dspark_trt.serve.validate import ServeLimits
+from dspark_trt.spec_decode.limits import request_room
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class ServeConfig:
     @property
     def max_prompt_tokens(self) -> int:
         """Longest prompt that still leaves room for one generated token and a γ-block verify."""
-        return self.max_seq_len - self.gamma - 2
+        return request_room(self.max_seq_len, self.gamma) - 1
 
 
 def load_tokenizer_for(cfg: ServeConfig) -> Any:

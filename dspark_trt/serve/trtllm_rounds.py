@@ -39,10 +39,11 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 import torch
 
-from dspark_trt.errors import InvalidArgumentError, ServeError
+from dspark_trt.errors import ServeError
 from dspark_trt.spec_decode import accept as spec_accept
 from dspark_trt.spec_decode.loop import LoopConfig, Request, RoundEvent, emit_committed
-from dspark_trt.spec_decode.scheduler import GateMemory, PolicyState, observe, plan_drafting, schedule_batch
+from dspark_trt.spec_decode.scheduler import (GateMemory, PolicyState, observe, plan_drafting, schedule_batch,
+                                              verify_cap)
 from dspark_trt.spec_decode.stats import RoundRecord, SpecStats
 
 log = logging.getLogger(__name__)
@@ -133,13 +134,7 @@ class TrtllmRoundScheduler:
 
     # ---- requests -------------------------------------------------------------------------------------
     def add(self, request: Request) -> int:
-        if len(request.prompt_ids) + request.max_new_tokens + self.config.gamma + 1 > self.max_seq:
-            raise InvalidArgumentError(
-                f"prompt ({len(request.prompt_ids)}) + max_new_tokens ({request.max_new_tokens}) + γ+1 exceeds "
-                f"max_seq {self.max_seq}; shorten the prompt or lower max_new_tokens")
-        bad = [t for t in request.prompt_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise InvalidArgumentError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        request.check_fits(self.vocab_size, self.max_seq, self.config.gamma)
         rid = next(self._ids)
         self._waiting.append((rid, request))
         return rid
@@ -223,14 +218,8 @@ class TrtllmRoundScheduler:
     def _caps(self, acts: list[_Active]) -> list[int]:
         if not self.speculate or self.draft_model is None:
             return [0] * len(acts)
-        caps = []
-        for a in acts:
-            left = a.req.max_new_tokens - len(a.tokens) - 1
-            room = self.max_seq - len(a.seq) - 1
-            pol = a.req.policy
-            ceiling = {"plain": 0, "fixed": pol.k, "confidence": a.state.k, "survival": pol.max_k}[pol.policy]
-            caps.append(max(0, min(self.config.gamma, ceiling, left, room)))
-        return caps
+        return [verify_cap(a.req.policy, a.state, self.config.gamma, a.req.max_new_tokens - len(a.tokens),
+                           self.max_seq, len(a.seq)) for a in acts]
 
     def _draft(self, acts: list[_Active], caps: list[int]) -> tuple[dict[int, tuple[int, ...]], set[int]]:
         """Draft the rows with cap > 0 → ({row: d_1..d_cap}, rows whose drafting failed → plain this round)."""

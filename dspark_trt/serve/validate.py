@@ -15,6 +15,7 @@ from typing import Mapping
 import numpy as np
 
 from dspark_trt.errors import InvalidArgumentError, RequestError
+from dspark_trt.spec_decode.limits import request_room  # torch-free
 from dspark_trt.spec_decode.policies import POLICIES, resolve_policy_alias  # torch-free
 from dspark_trt.spec_decode.sampling import check_sampling  # torch-free
 
@@ -142,7 +143,7 @@ def parse_generation(inputs: Mapping[str, np.ndarray | None], prompt_len: int, l
         raise RequestError(f"max_tokens must be ≥ 1, got {max_tokens}")
     if prompt_len < 1:
         raise RequestError("the prompt is empty; send a non-empty text_input")
-    room = limits.max_seq_len - limits.gamma - 1
+    room = request_room(limits.max_seq_len, limits.gamma)
     if prompt_len + max_tokens > room:
         raise RequestError(
             f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the {room} tokens this build allows "

@@ -9,7 +9,8 @@ models execute in process, next to their KV caches: a central loop with in-proce
 batches (12.4 of ideal ≈ 13) and the lowest latency in that measurement; calling the `draft`/`target` Triton
 models by BLS once per round batched just as well (12.6) but added two round trips and tensor copies per round
 and would split the KV caches from the loop that rolls them back. Per-request BLS broke batches up (2–4.5).
-On a GPU host the same loop drives the TRT-LLM engines through the runtime's Backend.
+On a GPU host the TRT-LLM engines are driven by serve.trtllm_rounds.TrtllmRoundScheduler (BLS calls to the
+tensorrtllm models, its own admission and rounds, the same caps / request checks / K policies as this loop).
 
 Owns: Job / ResponseSink (what execute() hands over), `serving_backend` (the backend wrapped with
 spec_decode.stats.TimedBackend feeding draft/verify latency and drafter-failure counts into ServeMetrics, plus

@@ -28,8 +28,9 @@ from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode import accept as spec_accept
 from dspark_trt.spec_decode.accept import AcceptResult
 from dspark_trt.spec_decode.protocols import Backend, DraftBlock, SamplingParams
+from dspark_trt.spec_decode.limits import request_room
 from dspark_trt.spec_decode.scheduler import (CostTable, GateMemory, PolicyConfig, PolicyState, observe,
-                                              plan_drafting, schedule_batch)
+                                              plan_drafting, schedule_batch, verify_cap)
 from dspark_trt.spec_decode.stats import RoundRecord, SpecStats
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,18 @@ class Request:
             raise InvalidArgumentError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
         if any(len(s) == 0 for s in self.stop_sequences):
             raise InvalidArgumentError("stop sequences must be non-empty token-id sequences")
+
+    def check_fits(self, vocab_size: int, max_seq: int, gamma: int) -> None:
+        """Raise InvalidArgumentError unless the request fits an executor: prompt + new tokens within
+        spec_decode.limits.request_room, every prompt id in the vocabulary. Both round executors ask this."""
+        room = request_room(max_seq, gamma)
+        if len(self.prompt_ids) + self.max_new_tokens > room:
+            raise InvalidArgumentError(
+                f"prompt ({len(self.prompt_ids)}) + max_new_tokens ({self.max_new_tokens}) exceeds the {room} tokens "
+                f"max_seq {max_seq} leaves after a γ+1 block; shorten the prompt or lower max_new_tokens")
+        bad = [t for t in self.prompt_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise InvalidArgumentError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
 
 
 @dataclass
@@ -153,14 +166,7 @@ class RoundScheduler:
     # ---- requests -------------------------------------------------------------------------------------
     def add(self, request: Request) -> int:
         """Queue a request (admitted at the next step()); returns its id."""
-        if len(request.prompt_ids) + request.max_new_tokens + self.config.gamma + 1 > self.backend.max_seq:
-            raise InvalidArgumentError(
-                f"prompt ({len(request.prompt_ids)}) + max_new_tokens ({request.max_new_tokens}) + γ+1 exceeds "
-                f"max_seq {self.backend.max_seq}; shorten the prompt or lower max_new_tokens")
-        bad = [t for t in request.prompt_ids if not 0 <= t < self.backend.vocab_size]
-        if bad:
-            raise InvalidArgumentError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, "
-                                       f"{self.backend.vocab_size})")
+        request.check_fits(self.backend.vocab_size, self.backend.max_seq, self.config.gamma)
         if not request.sampling.greedy and request.sampling.seed is None:
             request = replace(request, sampling=replace(request.sampling, seed=random.getrandbits(31)))
         rid = next(self._ids)
@@ -240,14 +246,8 @@ class RoundScheduler:
         while speculation is off)."""
         if not self.speculate:
             return [0] * len(acts)
-        caps = []
-        for a in acts:
-            left = a.req.max_new_tokens - len(a.tokens) - 1
-            room = self.backend.max_seq - a.n_committed - 1
-            pol = a.req.policy
-            ceiling = {"plain": 0, "fixed": pol.k, "confidence": a.state.k, "survival": pol.max_k}[pol.policy]
-            caps.append(max(0, min(self.config.gamma, ceiling, left, room)))
-        return caps
+        return [verify_cap(a.req.policy, a.state, self.config.gamma, a.req.max_new_tokens - len(a.tokens),
+                           self.backend.max_seq, a.n_committed) for a in acts]
 
     def _draft(self, acts: list[_Active], caps: list[int]) -> tuple[DraftBlock | None, list[int], bool]:
         """Draft for rows with cap > 0 → (block over ALL rows or None, drafted row indices, failed?)."""

@@ -37,7 +37,7 @@ from dspark_trt.spec_decode.confidence import (ConfidenceWeights, confidence_sco
 from dspark_trt.spec_decode.policies import POLICIES, canonical_policy
 
 __all__ = ["POLICIES", "PolicyConfig", "PolicyState", "GateMemory", "CostTable", "plan_survival", "plan_drafting",
-           "drafting_gain", "observe_survival", "schedule_batch", "confidence_next_k"]
+           "drafting_gain", "observe_survival", "schedule_batch", "confidence_next_k", "verify_cap"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,10 @@ class PolicyConfig:
     gate_hysteresis: float = 0.0  # survival gate: an open gate closes when drafting promises < 1 − this (reopens ≥ 1 + margin)
     max_backoff: int = 64  # survival gate: the longest run of undrafted rounds between probes
     probe_k: int = 2  # survival gate: the most a probe after a closed spell verifies (it only re-measures a_1, a_2)
+
+    def ceiling(self, k_now: int) -> int:
+        """The most this policy verifies in one round; k_now: the K its state wants now (the confidence policy's)."""
+        return {"plain": 0, "fixed": self.k, "confidence": k_now, "survival": self.max_k}[self.policy]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", canonical_policy(self.policy))
@@ -96,7 +100,7 @@ class PolicyState:
     @classmethod
     def initial(cls, cfg: PolicyConfig, memory: "GateMemory | None" = None) -> "PolicyState":
         """A new request's state; a gated survival request starts from `memory` (what earlier requests measured)."""
-        k = {"plain": 0, "fixed": cfg.k, "confidence": cfg.min_k, "survival": cfg.max_k}[cfg.policy]
+        k = cfg.ceiling(cfg.min_k)
         st = cls(k=k, ema=cfg.weights.ema_init)
         if memory is not None and cfg.policy == "survival" and cfg.gate and memory.survival_est:
             st.survival_est = list(memory.survival_est)
@@ -127,6 +131,13 @@ class GateMemory:
         self.observed += 1
         w = max(1.0 / self.observed, floor_weight)
         _fold(self.survival_est, k, accepted, w)
+
+
+def verify_cap(cfg: PolicyConfig, state: PolicyState, gamma: int, tokens_left: int, max_seq: int,
+               committed: int) -> int:
+    """The most one request may verify next round: min(γ, its policy's ceiling, tokens left − 1 (the round's own
+    target token), cache room max_seq − committed − 1), never below 0. Both round executors ask this."""
+    return max(0, min(gamma, cfg.ceiling(state.k), tokens_left - 1, max_seq - committed - 1))
 
 
 def confidence_next_k(cfg: PolicyConfig, conf: float, current_k: int, k: int, accepted: int) -> int:
