@@ -38,7 +38,8 @@ def request_key(request_id: str, params_json: str | None) -> str:
 
 @dataclass(frozen=True)
 class ServeLimits:
-    """What the build allows (template keys MAX_SEQ_LEN, MAX_BATCH_SIZE, GAMMA, POLICY, MIN_K, MAX_K, MAX_QUEUE)."""
+    """What the build allows (template keys MAX_SEQ_LEN, MAX_BATCH_SIZE, GAMMA, POLICY, MIN_K, MAX_K, MAX_QUEUE), as
+    serve.pipeline.ServeConfig.limits(vocab_size) makes it from the one parse of config.pbtxt."""
 
     max_seq_len: int
     max_batch: int
@@ -48,17 +49,6 @@ class ServeLimits:
     min_k: int = 2
     max_k: int = 8
     max_queue: int = 64
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, str], vocab_size: int) -> "ServeLimits":
-        """From config.pbtxt parameters (strings)."""
-        try:
-            return cls(max_seq_len=int(params["MAX_SEQ_LEN"]), max_batch=int(params["MAX_BATCH_SIZE"]),
-                       gamma=int(params["GAMMA"]), vocab_size=int(vocab_size), policy=str(params["POLICY"]),
-                       min_k=int(params["MIN_K"]), max_k=int(params["MAX_K"]), max_queue=int(params["MAX_QUEUE"]))
-        except (KeyError, ValueError) as exc:
-            raise InvalidArgumentError(f"model config parameter missing or not a number ({exc}); rebuild the "
-                                       "model repository with `dspark-trt build`") from exc
 
 
 @dataclass(frozen=True)
