@@ -89,7 +89,8 @@ class BuildOptions:
 
     @property
     def max_input_len(self) -> int:
-        """Prompt budget handed to trtllm-build: the sequence budget minus one block (≥ 1; spec_decode.limits.request_room)."""
+        """Prompt budget handed to trtllm-build: spec_decode.limits.request_room (the sequence budget minus one
+        block), ≥ 1."""
         return max(1, request_room(self.max_seq_len, self.max_draft_len))
 
     @property

@@ -19,40 +19,35 @@ from dspark_trt.spec_decode.scheduler import CostTable
 log = logging.getLogger(__name__)
 
 
-def _fastest(fn, reps: int) -> float:  # noqa: ANN001 - a zero-argument callable
+def _fastest(fn, reps: int, setup=None) -> float:  # noqa: ANN001 - zero-argument callables
+    """Fastest of `reps` timed calls of fn; `setup` (untimed) runs before each one."""
     best = float("inf")
     for _ in range(reps):
+        if setup is not None:
+            setup()
         t = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t)
     return best
 
 
-def _round_draft(backend, slots: list[int], gamma: int) -> float:  # noqa: ANN001 - a SpecBackend
-    """One drafter pass as the round loop pays it → seconds: right after a target pass (whose weights have pushed
-    the drafter's out of the caches) and with the one committed token that pass fed it still to project."""
+def _after_target_pass(backend, slots: list[int]) -> None:  # noqa: ANN001 - a SpecBackend
+    """Put the drafter where a round's drafter pass finds it: right after a target pass (whose weights have pushed
+    the drafter's out of the caches), with the one committed token that pass fed it still to project."""
     s = torch.tensor(slots)
     start = backend.cache.lengths[s].clone()  # [R]
     toks = torch.full((len(slots), 1), 7, dtype=torch.long)  # [R, 1]
     out = backend.target(toks, backend.cache, s, taps=backend.taps, logits="last")
     backend.cache.truncate(s, start)
     backend.drafter.extend_context(s, toks, torch.ones(len(slots), dtype=torch.long), out.hidden)
-    anchors = torch.full((len(slots),), 42, dtype=torch.long)
-    t = time.perf_counter()
-    backend.draft(slots, anchors, gamma, [SamplingParams()] * len(slots))
-    return time.perf_counter() - t
-
-
-def _fastest_of(fn, reps: int) -> float:  # noqa: ANN001 - a zero-argument callable returning its own seconds
-    return min(fn() for _ in range(reps))
 
 
 def profile_costs(backend, max_tokens: int, context: int = 64, reps: int = 5, gamma: int | None = None,  # noqa: ANN001
                   draft_rows: Sequence[int] = (1, 2)) -> CostTable:
     """Fastest-of-reps seconds of one target pass over n = 1..max_tokens tokens (batch 1, `context` tokens cached,
-    taps included) and of one drafter pass of γ tokens over 1 and 2 rows as a round pays it (after a target pass, with a
-committed token to project; → draft_t0 + draft_t1·rows); the step
-    column never falls with more tokens (timer noise is clipped). `backend` is a runtime.backend.SpecBackend."""
+    taps included) and of one drafter pass of γ tokens over 1 and 2 rows as a round pays it (after a target pass,
+    with a committed token to project; → draft_t0 + draft_t1·rows); the step column never falls with more tokens
+    (timer noise is clipped). `backend` is a runtime.backend.SpecBackend."""
     vocab = int(backend.vocab_size)
     n_slots = min(int(backend.max_batch), max(draft_rows))
     slots = list(range(n_slots))
@@ -62,6 +57,7 @@ committed token to project; → draft_t0 + draft_t1·rows); the step
     target, cache = backend.target, backend.cache
     slot0 = torch.tensor([0])
     start = cache.lengths[slot0].clone()  # [1]
+    greedy = SamplingParams()
     secs: list[float] = []
     with torch.inference_mode():
         for n in range(1, max_tokens + 1):
@@ -79,7 +75,9 @@ committed token to project; → draft_t0 + draft_t1·rows); the step
             rows_list = [r for r in draft_rows if r <= n_slots]
             times = []
             for rows in rows_list:
-                times.append(_fastest_of(lambda: _round_draft(backend, slots[:rows], g), reps))
+                anchors = torch.full((rows,), 42, dtype=torch.long)
+                times.append(_fastest(lambda: backend.draft(slots[:rows], anchors, g, [greedy] * rows), reps,
+                                      setup=lambda: _after_target_pass(backend, slots[:rows])))
             if len(times) >= 2:
                 d1 = max((times[1] - times[0]) / (rows_list[1] - rows_list[0]), 0.0)
                 d0 = max(times[0] - d1 * rows_list[0], 0.0)

@@ -27,8 +27,8 @@ import torch
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode import accept as spec_accept
 from dspark_trt.spec_decode.accept import AcceptResult
-from dspark_trt.spec_decode.protocols import Backend, DraftBlock, SamplingParams
 from dspark_trt.spec_decode.limits import request_room
+from dspark_trt.spec_decode.protocols import Backend, DraftBlock, SamplingParams
 from dspark_trt.spec_decode.scheduler import (CostTable, GateMemory, PolicyConfig, PolicyState, observe,
                                               plan_drafting, schedule_batch, verify_cap)
 from dspark_trt.spec_decode.stats import RoundRecord, SpecStats

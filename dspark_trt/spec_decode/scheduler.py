@@ -16,8 +16,8 @@ Policies:
   Before drafting, `plan_drafting` weighs the drafter's own cost too: a request whose observed acceptance cannot
   pay for a drafter pass plus the extra verify tokens is not drafted (K = 0, drafter not run) for a backoff of
   1, 2, 4, … rounds, then probed again — so a useless drafter costs little more than plain decoding. The gate has
-  hysteresis: open, it closes when drafting promises < 1 − gate_hysteresis (default 0) of plain; closed, it reopens at
-  ≥ 1 + gate_margin (a marginal drafter's noisy estimate would otherwise switch it off in rounds where it pays). A
+  hysteresis: open, it closes when drafting promises < 1 − gate_hysteresis (default 0) of plain; closed, it
+  reopens at ≥ 1 + gate_margin (a marginal drafter's noisy estimate would otherwise switch it on and off). A
   `GateMemory` carries the gate across requests (the observed survival and the backoff of one engine or server):
   a new request starts from what earlier requests measured, so short requests do not each re-probe from scratch.
 """
@@ -54,7 +54,7 @@ class PolicyConfig:
     draft_stop: float = 0.0  # draft-side early stop: cut where Π c_i < draft_stop (0 = off; needs drafter conf)
     gate: bool = True  # survival: skip drafting (with backoff) while the drafter does not pay for its own cost
     gate_margin: float = 0.02  # survival gate: a closed gate reopens when drafting promises ≥ this gain over plain
-    gate_hysteresis: float = 0.0  # survival gate: an open gate closes when drafting promises < 1 − this (reopens ≥ 1 + margin)
+    gate_hysteresis: float = 0.0  # survival gate: an open gate closes when drafting promises < 1 − this
     max_backoff: int = 64  # survival gate: the longest run of undrafted rounds between probes
     probe_k: int = 2  # survival gate: the most a probe after a closed spell verifies (it only re-measures a_1, a_2)
 
@@ -77,9 +77,9 @@ class PolicyConfig:
         if not 0.0 <= self.draft_stop < 1.0:
             raise InvalidArgumentError(f"draft_stop (confidence threshold) must be in [0, 1), got {self.draft_stop}")
         if self.gate_margin < 0 or not 0.0 <= self.gate_hysteresis < 1.0 or self.max_backoff < 1 or self.probe_k < 1:
-            raise InvalidArgumentError(f"need gate_margin ≥ 0, 0 ≤ gate_hysteresis < 1, max_backoff ≥ 1 and probe_k ≥ 1, "
-                                       f"got {self.gate_margin}, {self.gate_hysteresis}, {self.max_backoff}, "
-                                       f"{self.probe_k}")
+            raise InvalidArgumentError(f"need gate_margin ≥ 0, 0 ≤ gate_hysteresis < 1, max_backoff ≥ 1 and "
+                                       f"probe_k ≥ 1, got {self.gate_margin}, {self.gate_hysteresis}, "
+                                       f"{self.max_backoff}, {self.probe_k}")
 
 
 @dataclass
@@ -311,7 +311,8 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
     """Draft caps for one round before the drafter runs: survival rows whose observed acceptance cannot pay for a
     drafter pass and its verify tokens get 0 (not drafted) for 1, 2, 4, … rounds (up to max_backoff), then one
     probe round drafts again whatever the estimate says (at most probe_k tokens after a closed spell: enough to see
-    whether a_1, a_2 recovered, without paying a long verify for a drafter that does not pay). Other policies keep their caps. Updates `states` (and
+    whether a_1, a_2 recovered, without paying a long verify for a drafter that does not pay). Other policies keep
+    their caps. Updates `states` (and
     `memory`'s backoff and skip: the next request continues them)."""
     out = [max(0, int(c)) for c in caps]
     rows = len(out)
