@@ -44,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="start from a drafter checkpoint dir's weights (fresh optimizer), e.g. the shipped drafter")
     p.add_argument("--feature-minutes", type=float, default=0.0,
                    help="time budget for caching features (0 = all); keeps the sequences done")
+    p.add_argument("--teacher", choices=("runtime", "hf"), default="runtime",
+                   help="teacher pass on the reference runtime's batched prefill (default; the drafter's own taps at "
+                        "inference) or on Hugging Face transformers")
     p.add_argument("--features-only", action="store_true", help="cache target features into OUT/features and stop")
     p.add_argument("--extra-features", type=Path, nargs="*", default=[],
                    help="more feature stores (OUT/features of other --features-only runs) to train on")
@@ -53,7 +56,7 @@ def _features(args: argparse.Namespace, target_dir: Path, layers: tuple[int, ...
     from transformers import AutoTokenizer
 
     from dspark_trt.train.corpus import load_corpus
-    from dspark_trt.train.features import HFTarget, cache_features
+    from dspark_trt.train.features import HFTarget, RuntimeTarget, cache_features
     from dspark_trt.train.model_init import default_layer_ids
 
     hf_cfg = json.loads((target_dir / "config.json").read_text())
@@ -68,7 +71,10 @@ def _features(args: argparse.Namespace, target_dir: Path, layers: tuple[int, ...
     if not seqs:
         raise InvalidArgumentError(f"No usable text in --corpus {args.corpus}. Fix: pass text files, directories or "
                                    "chat .jsonl files written by dspark_trt.train.chatgen.")
-    target = HFTarget.load(target_dir, taps)
+    if args.teacher == "runtime":
+        target = RuntimeTarget.load(target_dir, taps, max_len=cfg.max_len)
+    else:
+        target = HFTarget.load(target_dir, taps)
     cache_features(target, seqs, starts, fdir, topk=cfg.topk, max_len=cfg.max_len, max_minutes=args.feature_minutes)
     return fdir
 

@@ -1,7 +1,8 @@
 """Teacher signals from the target: tapped hidden states at target_layer_ids and top-k log-probs.
 
-Owns: `HFTarget` (a Hugging Face causal LM with forward hooks so tap i = output of decoder layer i
-before the final norm, the runtime's convention) and `cache_features` which runs the target once over
+Owns: the teachers — `RuntimeTarget` (the reference runtime's batched prefill with taps: the default, fast on the
+native kernels) and `HFTarget` (a Hugging Face causal LM with forward hooks so tap i = output of decoder layer i
+before the final norm, the runtime's convention) — and `cache_features` which runs the target once over
 token sequences and stores, per token, the concatenated features (bf16), the target's top-k token ids and
 log-probs (the distribution used by the distillation loss) in a `FeatureStore` on disk (memory-mapped).
 """
@@ -47,6 +48,37 @@ class HFTarget:
         out = self.model(input_ids=ids, attention_mask=attn, use_cache=False)
         feats = torch.cat([self._taps[i] for i in self.layer_ids], dim=-1)
         return feats, out.logits.float()
+
+
+class RuntimeTarget:
+    """The same teacher on the reference runtime (native kernels where the CPU has them): one batched, right-padded
+    prefill per group of sequences with the taps read off the forward — the features the drafter sees at inference.
+    Same `run` contract as HFTarget."""
+
+    def __init__(self, model: torch.nn.Module, layer_ids: Sequence[int], max_rows: int = 64,
+                 max_len: int = 512) -> None:
+        self.model = model
+        self.layer_ids = tuple(layer_ids)
+        self._cache = model.new_cache(max_rows, max_len)
+
+    @classmethod
+    def load(cls, target_dir: Path, layer_ids: Sequence[int], dtype: torch.dtype = torch.bfloat16,
+             max_rows: int = 64, max_len: int = 512) -> "RuntimeTarget":
+        from dspark_trt.runtime.hf_loader import load_hf_checkpoint
+
+        return cls(load_hf_checkpoint(target_dir, dtype=dtype), layer_ids, max_rows=max_rows, max_len=max_len)
+
+    @torch.inference_mode()
+    def run(self, ids: torch.Tensor, attn: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids [B, T] right-padded (attn [B, T] marks the real tokens) → (features [B, T, F], logits [B, T, V] fp32);
+        padded positions hold whatever the padding computed (callers read only the real ones)."""
+        B, T = ids.shape
+        if B > self._cache.max_batch or T > self._cache.max_seq:
+            self._cache = self.model.new_cache(max(B, self._cache.max_batch), max(T, self._cache.max_seq))
+        slots = torch.arange(B)
+        self._cache.reset(slots)
+        out = self.model(ids, self._cache, slots, taps=self.layer_ids, logits="all")
+        return out.hidden, out.logits  # [B, T, F], [B, T, V]
 
 
 @dataclass
@@ -126,8 +158,10 @@ def cache_features(target: HFTarget, sequences: Sequence[Sequence[int]], starts:
         if feats is None:
             F = f.shape[-1]
             feats = np.memmap(out / "features.bin", dtype=np.uint16, mode="w+", shape=(N, F))
-        top = logits.topk(topk, dim=-1)  # [b, T, k]
-        lse = torch.logsumexp(logits, dim=-1, keepdim=True)  # [b, T, 1]
+        with torch.inference_mode():  # the runtime teacher's logits are inference tensors: updated in place here
+            top = logits.topk(topk, dim=-1)  # [b, T, k]
+            mx = top.values[..., :1]  # [b, T, 1] the maximum: logsumexp = mx + log Σ exp(x − mx), in place
+            lse = mx + logits.sub_(mx).exp_().sum(-1, keepdim=True).log_()  # [b, T, 1] (2× torch.logsumexp here)
         top = torch.return_types.topk((top.values - lse, top.indices))
         del logits
         for r, i in enumerate(group):

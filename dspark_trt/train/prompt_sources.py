@@ -23,6 +23,7 @@ log = logging.getLogger(__name__)
 
 _SKIP_MODULES = {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "ensurepip", "lib2to3",
                  "pydoc_data", "test", "xxsubtype", "__future__", "__hello__", "__phello__"}
+_PATCHED = {("inspect", "getfile")}  # torch replaces it on import
 _CODE_FORMS = [
     "Write a Python function `{sig}` that does the following: {doc}",
     "Implement `{sig}` in Python. It should: {doc}",
@@ -48,6 +49,9 @@ def stdlib_functions(limit: int = 5000) -> list[tuple[str, str, str, str]]:
         for name, obj in sorted(vars(mod).items()):
             if name.startswith("_") or not (inspect.isfunction(obj) or inspect.isbuiltin(obj)):
                 continue
+            owner = (getattr(obj, "__module__", None) or "").split(".")[0]
+            if (mod_name, name) in _PATCHED or (owner and owner not in sys.stdlib_module_names and owner != "builtins"):
+                continue  # replaced by an installed package once imported: the list must not depend on imports
             doc = inspect.getdoc(obj) or ""
             first = re.split(r"(?<=\.)\s|\n\n", doc.strip(), maxsplit=1)[0].replace("\n", " ").strip()
             if len(first) < 20 or len(first) > 300 or first.startswith(name + "("):
@@ -56,7 +60,7 @@ def stdlib_functions(limit: int = 5000) -> list[tuple[str, str, str, str]]:
                 sig = f"{name}{inspect.signature(obj)}"
             except (TypeError, ValueError):
                 continue
-            if len(sig) > 120:
+            if len(sig) > 120 or "<" in sig:  # reprs such as <function copy2 at 0x…> differ per process
                 continue
             out.append((mod_name, name, sig, first))
             if len(out) >= limit:
