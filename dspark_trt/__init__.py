@@ -1,8 +1,8 @@
 """dspark_trt: DSpark speculative decoding — ModelOpt quantization, TensorRT-LLM export and engines,
 Triton serving, and a reference PyTorch runtime that executes the same exported artifacts.
 
-The article's API is importable from the top level (`from dspark_trt import SpeculativeDecodingEngine`);
-it is loaded lazily so `import dspark_trt` stays cheap for the CLI and the Triton adapters.
+The engine API of the DSpark deployment guide is importable from the top level
+(`from dspark_trt import SpeculativeDecodingEngine`); it is loaded lazily so `import dspark_trt` stays cheap for the CLI and the Triton adapters.
 """
 from __future__ import annotations
 

@@ -119,10 +119,6 @@ class Manifest:
         if name in self.data["stages"]:
             self.data["stages"][name]["skipped"] = skipped
 
-    def invalidate_from(self, names: Iterable[str]) -> None:
-        for n in names:
-            self.data["stages"].pop(n, None)
-
     def set(self, key: str, value: Any) -> None:
         self.data[key] = value
 

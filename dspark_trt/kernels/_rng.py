@@ -1,6 +1,7 @@
 """Triton twin of dspark_trt.spec_decode.rng: the same two-level lowbias32 hash, in native uint32 arithmetic.
 
-Owns only the device-side hash; the constants are imported from spec_decode.rng so both sides cannot drift.
+Owns only the device-side hash; the constants are imported from spec_decode.rng (hash, streams) and
+spec_decode.accept (the exponential-race offset) so both sides cannot drift.
 u = hash(hash(seed, position), stream << 20 | lane) >> 8, scaled by 2**-24 (exact in float32).
 """
 from __future__ import annotations
@@ -9,6 +10,7 @@ import triton
 import triton.language as tl
 
 from dspark_trt.spec_decode import rng as _ref
+from dspark_trt.spec_decode.accept import _U_OFFSET
 
 GOLDEN: tl.constexpr = tl.constexpr(_ref.GOLDEN)
 M1: tl.constexpr = tl.constexpr(_ref.M1)
@@ -16,7 +18,7 @@ M2: tl.constexpr = tl.constexpr(_ref.M2)
 STREAM_ACCEPT: tl.constexpr = tl.constexpr(_ref.STREAM_ACCEPT)
 STREAM_RESAMPLE: tl.constexpr = tl.constexpr(_ref.STREAM_RESAMPLE)
 STREAM_DRAFT: tl.constexpr = tl.constexpr(_ref.STREAM_DRAFT)
-U_OFFSET: tl.constexpr = tl.constexpr(2.0 ** -25)  # spec_decode.accept._U_OFFSET
+U_OFFSET: tl.constexpr = tl.constexpr(_U_OFFSET)
 RACE_BIG_IDX: tl.constexpr = tl.constexpr(2147483647)  # "no lane": larger than any vocabulary index
 
 

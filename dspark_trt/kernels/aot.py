@@ -32,11 +32,6 @@ class CompiledKernel:
         """Threads per block."""
         return self.num_warps * WARP
 
-    def implicit_params(self, user_params: int) -> int:
-        """How many parameters Triton appended after the `user_params` the kernel source declares
-        (Triton 3.6: global and profile scratch pointers; TensorRT does not pass them)."""
-        return len(self.ptx_params) - user_params
-
 
 def ptx_entry_params(ptx: str, name: str) -> tuple[str, ...]:
     """Names of the .param entries of `.entry name(...)` in a PTX module."""

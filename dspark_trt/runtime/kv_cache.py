@@ -77,6 +77,3 @@ class KVCache:
             raise InvalidArgumentError(f"KV cache full: slot lengths {cur.tolist()} + {n} new tokens exceed "
                                        f"max_seq={self.max_seq}; allocate a larger cache or shorten the request.")
         return cur
-
-    def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2

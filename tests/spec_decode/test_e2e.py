@@ -90,8 +90,8 @@ def test_generate_cli_json(tiny_pair, capsys) -> None:
     assert plain["token_ids"] == out["token_ids"] and plain["stats"]["tau"] == 1.0
 
 
-def test_article_example_runs(tiny_pair) -> None:
-    """The article's example, verbatim shape: HF objects in bf16, sampling, decode, stats."""
+def test_deployment_guide_example_runs(tiny_pair) -> None:
+    """The deployment guide's example, verbatim shape: HF objects in bf16, sampling, decode, stats."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from dspark_trt.engine import SpeculativeDecodingEngine

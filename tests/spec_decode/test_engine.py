@@ -1,4 +1,4 @@
-"""dspark_trt.engine: the article's API — argument validation, vocabulary check, HF-object conversion, generate."""
+"""dspark_trt.engine: the deployment guide's API — argument validation, vocabulary check, HF-object conversion, generate."""
 from __future__ import annotations
 
 import pytest

@@ -7,7 +7,7 @@
                           → accepted [B], next_token [B], top1 [B,K+1], margin [B,K+1]
 
 Both are `tensorrt.plugin` AOT plugins: `aot_impl` compiles the very kernels of kernel.py to PTX, so the engine
-carries the code and runs in the C++ TensorRT(-LLM) runtime with no Python (see docs/plugins.md for why not
+carries the code and runs in the C++ TensorRT(-LLM) runtime with no Python (see docs/kernels.md for why not
 tensorrt_llm.python_plugin). Attributes: `splits` (S, build-time), `sampling` (0: greedy-only build, q is a
 dummy and never read). Token ids are int32 (TensorRT-LLM's convention); seeds are int32 bit patterns.
 Owns the specs, signatures and registration; imports tensorrt only inside `register()`.

@@ -1,7 +1,7 @@
 """AOT compilation for sm_90 and the TensorRT QDP contract, checked without a GPU and without TensorRT.
 
 One subprocess (TRITON_INTERPRET unset) compiles every kernel with triton.compile(ASTSource, GPUTarget("cuda",
-90, 32)) and drives dspark_trt/kernels/*/trt.py through a fake tensorrt.plugin (tests/plugins/_fake_trt.py); the tests
+90, 32)) and drives dspark_trt/kernels/*/trt.py through a fake tensorrt.plugin (tests/kernels/_fake_trt.py); the tests
 check its JSON report against the declared specs.
 """
 from __future__ import annotations
