@@ -33,6 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-vocab", type=int, default=D.draft_vocab_size, help="reduced draft vocabulary (0 = full)")
     p.add_argument("--max-minutes", type=float, default=D.max_minutes, help="training time budget")
     p.add_argument("--max-steps", type=int, default=D.max_steps, help="step budget (0 = from --max-minutes)")
+    p.add_argument("--train-tokens", type=int, default=0,
+                   help="train on a seeded subset of about this many answer tokens (0 = all; nested across budgets)")
     p.add_argument("--max-tokens", type=int, default=D.max_tokens, help="corpus token budget for feature caching")
     p.add_argument("--lr", type=float, default=D.lr)
     p.add_argument("--batch-seqs", type=int, default=D.batch_seqs)
@@ -93,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = dataclasses.replace(D, gamma=args.gamma, layers=layers, num_layers=args.num_layers,
                               markov_rank=args.markov_rank, draft_vocab_size=args.draft_vocab,
                               max_minutes=args.max_minutes, max_steps=args.max_steps, max_tokens=args.max_tokens,
+                              train_tokens=args.train_tokens,
                               lr=args.lr, batch_seqs=args.batch_seqs, anchors=args.anchors, seed=args.seed,
                               threads=args.threads)
     torch.set_num_threads(cfg.threads)

@@ -49,6 +49,21 @@ def split(refs: list[SeqRef], heldout_frac: float, seed: int) -> tuple[list[SeqR
     return [r for r, m in zip(refs, mask) if not m], [r for r, m in zip(refs, mask) if m]
 
 
+def take_tokens(stores: Sequence[FeatureStore], refs: list[SeqRef], budget: int, seed: int) -> list[SeqRef]:
+    """A seeded random subset of refs holding about `budget` answer tokens (from each sequence's anchor start to
+    its end): the same seed gives nested subsets, so drafters trained on 1M ⊂ 2.5M ⊂ 5M tokens share their data."""
+    order = np.random.default_rng(seed + 104729).permutation(len(refs))
+    out, total = [], 0
+    for j in order:
+        if total >= budget:
+            break
+        r = refs[int(j)]
+        a, b = stores[r.store].seq(r.index)
+        out.append(r)
+        total += (b - a) - int(stores[r.store].start[r.index])
+    return out
+
+
 def make_batch(stores: Sequence[FeatureStore], refs: Sequence[SeqRef], rng: np.random.Generator, anchors: int,
                gamma: int, max_len: int) -> Batch:
     rows = []

@@ -136,7 +136,7 @@ def generate_answers(target_dir: Path, prompts: Sequence[Item], out: Path, batch
                     del active[s]
                     bar.update(1)
             f.flush()
-            bar.set_postfix(tok_s=f"{new_tokens / max(time.time() - t0, 1e-9):.0f}")
+            bar.set_postfix(tok_s=f"{new_tokens / max(time.time() - t0, 1e-9):.0f}", refresh=False)
     bar.close()
     dt = time.time() - t0
     log.info("generated %d answer tokens in %.0f s = %.0f tok/s (batch %d)", new_tokens, dt, new_tokens / dt, B)

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from dspark_trt.errors import DrafterError
 from dspark_trt.runtime.drafters import DSparkModel, save_dspark, target_weights
-from dspark_trt.train.batches import Batch, SeqRef, eligible, make_batch, split, token_counts
+from dspark_trt.train.batches import Batch, SeqRef, eligible, make_batch, split, take_tokens, token_counts
 from dspark_trt.train.calibrate import CalibrationReport, sts
 from dspark_trt.train.features import FeatureStore
 from dspark_trt.train.loss import LossWeights, dspark_loss, make_t2d
@@ -58,6 +58,7 @@ class TrainConfig:
     topk: int = 16
     heldout_frac: float = 0.04
     max_tokens: int = 2_000_000
+    train_tokens: int = 0  # > 0: train on a seeded subset of about this many answer tokens (the data → τ curve)
     loss: LossWeights = field(default_factory=LossWeights)
     autocast_bf16: bool = True
 
@@ -147,6 +148,8 @@ def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_
     if not refs:
         raise DrafterError("No training sequence is long enough for the block size. Fix: add corpus text or lower --gamma.")
     train_refs, held_refs = split(refs, cfg.heldout_frac, cfg.seed)
+    if cfg.train_tokens > 0:  # the held-out split does not depend on the budget
+        train_refs = take_tokens(stores, train_refs, cfg.train_tokens, cfg.seed)
     embed, head = target_weights(hf_target)
     state_path = out / "train_state.pt"
     state = torch.load(state_path, map_location="cpu", weights_only=False) if resume and state_path.exists() else None

@@ -50,3 +50,19 @@ def test_feature_store_from_the_runtime_teacher(tiny_pair, tmp_path) -> None:  #
         top1 = torch.from_numpy(store.topk_ids[a:b, :1]).long()  # [n, 1]: a maximum (bf16 logits tie often)
         assert torch.equal(lg[0].gather(1, top1)[:, 0], lg[0].max(-1).values)
     assert isinstance(FeatureStore.open(tmp_path / "features"), FeatureStore)
+
+
+def test_take_tokens_gives_nested_seeded_subsets_of_the_budget(tiny_pair, tmp_path) -> None:  # noqa: ANN001
+    from dspark_trt.train.batches import eligible, take_tokens
+
+    rt = RuntimeTarget.load(tiny_pair.target, (0, 1), dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(5)
+    seqs = [torch.randint(5, 200, (int(n),), generator=g).tolist() for n in torch.randint(12, 40, (30,), generator=g)]
+    store = cache_features(rt, seqs, [3] * len(seqs), tmp_path / "f", topk=2, batch_tokens=256)
+    refs = eligible([store], gamma=4)
+    answer = {r: (lambda ab: ab[1] - ab[0] - 3)(store.seq(r.index)) for r in refs}
+    small, big = take_tokens([store], refs, 150, seed=1), take_tokens([store], refs, 400, seed=1)
+    assert set(small) < set(big) and big[:len(small)] == small  # nested: the same order, a longer prefix
+    assert 150 <= sum(answer[r] for r in small) < 150 + max(answer.values())
+    assert take_tokens([store], refs, 150, seed=1) == small and take_tokens([store], refs, 150, seed=2) != small
+    assert set(take_tokens([store], refs, 10**9, seed=1)) == set(refs)
