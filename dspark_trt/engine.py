@@ -1,9 +1,9 @@
-"""`SpeculativeDecodingEngine`: the article's Python API over the reference runtime and spec_decode.loop.
+"""`SpeculativeDecodingEngine`: the Python API over the reference runtime and spec_decode.loop.
 
 Owns argument validation (InvalidArgumentError naming the argument and its valid range; sampling settings are
 checked by spec_decode.sampling, the vocabulary by runtime.drafters.vocab — the project's one rule for each),
 turning what the user passes (Hugging Face model objects, checkpoint directories, runtime CausalLM / Drafter
-objects) into a runtime backend, mapping the article's knobs (draft_length, use_confidence_scheduling,
+objects) into a runtime backend, mapping the constructor's knobs (draft_length, use_confidence_scheduling,
 confidence_threshold) onto spec policies, and the `.stats` dict (timing by spec_decode.stats.TimedBackend).
 The algorithm lives in dspark_trt.spec_decode; model execution in dspark_trt.runtime (imported lazily).
 
@@ -100,7 +100,7 @@ def build_backend(target: Any, drafter: Any | None, max_batch: int, max_seq: int
 
 
 class SpeculativeDecodingEngine:
-    """DSpark speculative decoding for one request at a time (the article's API); lossless w.r.t. the target.
+    """DSpark speculative decoding for one request at a time (the deployment guide's API); lossless w.r.t. the target.
 
     Args (validated; InvalidArgumentError names the argument and its range):
       target_model: HF causal LM object, HF checkpoint directory, or runtime CausalLM (Llama family).
@@ -112,7 +112,7 @@ class SpeculativeDecodingEngine:
       temperature (≥ 0; 0 = greedy), top_p ((0, 1]): the sampling settings used by BOTH drafter and target.
       use_confidence_scheduling: True → the survival K policy (the drafter's calibrated confidence against the
         profiled verify and drafter costs; never slower than plain by more than a probe round now and then);
-        False → fixed K = γ. policy="confidence" (alias "seed") selects the article's confidence formula.
+        False → fixed K = γ. policy="confidence" (alias "seed") selects the deployment guide's confidence formula.
       confidence_threshold: draft-side early stop in [0, 1): cut the block where the drafter's cumulative
         confidence Π c_i drops below it (needs a drafter with a confidence head; ignored otherwise). None = off.
       policy: override the K policy ("plain", "fixed", "confidence" (alias "seed"), "survival"); dtype: runtime

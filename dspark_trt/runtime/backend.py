@@ -1,10 +1,11 @@
 """The runtime's spec_decode.protocols.Backend: a target CausalLM (+ optional drafter) over slot KV caches.
 
-Owns: batched ragged prefill, verify passes that tap the drafter's
-target layers and hold their hidden states until commit, commit/rollback of the target cache and
-feeding the drafter its committed context, release, and routing acceptance to runtime.dispatch
-(kernels on CUDA, spec_decode.accept on CPU). Slot ids are the caller's (spec_decode.loop keeps the free list).
-Must not know about scheduling policies, Triton or files.
+Owns: batched ragged prefill, verify passes that tap the drafter's target layers, commit/rollback of the target
+cache and feeding the drafter its committed context, release, and routing acceptance to runtime.dispatch
+(kernels on CUDA, spec_decode.accept on CPU). The verify → commit handoff is explicit: verify() leaves a frozen
+VerifyPass (its tokens, the pre-verify cache lengths, the tapped hidden states) in `pending_commit`, the one thing
+commit() reads and clears. Slot ids are the caller's (spec_decode.loop keeps the free list; it drives this class
+through spec_decode.executor.BackendExecutor). Must not know about scheduling policies, Triton or files.
 
 Invariant per slot (spec_decode.protocols.Backend): the target cache holds every committed token except the
 newest one, which is the next round's anchor. The drafter's context is the same token sequence.
@@ -25,9 +26,9 @@ from dspark_trt.spec_decode.protocols import DraftBlock, Drafter, SamplingParams
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class _Pending:
-    """What the last verify left for commit: its tokens, pre-verify lengths and tapped features."""
+@dataclass(frozen=True)
+class VerifyPass:
+    """What one verify() leaves for the commit() after it: its tokens, pre-verify lengths and tapped features."""
 
     row_of: dict[int, int]  # slot -> row in the verify batch
     tokens: torch.Tensor  # [B, K+1] long
@@ -54,7 +55,7 @@ class SpecBackend:
         self.taps: tuple[int, ...] = tuple(getattr(drafter, "target_layer_ids", ()) or ())
         if drafter is not None:
             drafter.allocate(self.max_batch, self.max_seq + self.slack)
-        self._pending: _Pending | None = None
+        self.pending_commit: VerifyPass | None = None  # the last verify, until commit() (None after prefill)
 
     def _slot_tensor(self, slots: Sequence[int]) -> torch.Tensor:
         s = torch.as_tensor(list(slots), dtype=torch.long)  # [B]
@@ -91,7 +92,7 @@ class SpecBackend:
         self.cache.truncate(s, n)
         if self.drafter is not None:
             self.drafter.extend_context(s, ids, n, out.hidden)
-        self._pending = None
+        self.pending_commit = None
         return out.logits[:, 0]  # [B, V]
 
     def draft(self, slots: Sequence[int], anchors: torch.Tensor, gamma: int, sampling: Sequence[SamplingParams],
@@ -104,18 +105,20 @@ class SpecBackend:
                                     None if positions is None else positions.long().reshape(-1))
 
     def verify(self, slots: Sequence[int], tokens: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-        """tokens [B, Kmax+1] = [anchor, d_1..d_Kmax], k [B] → logits [B, Kmax+1, V] float32."""
+        """tokens [B, Kmax+1] = [anchor, d_1..d_Kmax], k [B] → logits [B, Kmax+1, V] float32; sets pending_commit."""
         s = self._slot_tensor(slots)
         if tokens.dim() != 2 or tokens.shape[0] != s.numel():
             raise InvalidArgumentError(f"verify: tokens must be [B={s.numel()}, K+1], got {tuple(tokens.shape)}.")
         start = self.cache.lengths[s].clone()  # [B]
         out = self.target(tokens.long(), self.cache, s, taps=self.taps, logits="all")
-        self._pending = _Pending({slot: row for row, slot in enumerate(s.tolist())}, tokens.long(), start, out.hidden)
+        self.pending_commit = VerifyPass({slot: row for row, slot in enumerate(s.tolist())}, tokens.long(), start,
+                                         out.hidden)
         return out.logits  # [B, K+1, V]
 
     def commit(self, slots: Sequence[int], n_keep: torch.Tensor) -> None:
-        """Keep the first n_keep [B] verify tokens per slot in the target cache; feed them to the drafter."""
-        p = self._pending
+        """Keep the first n_keep [B] verify tokens per slot in the target cache; feed them to the drafter
+        (consumes pending_commit)."""
+        p = self.pending_commit
         if p is None:
             raise InvalidArgumentError("commit without a preceding verify; call verify(slots, tokens, k) first.")
         s = self._slot_tensor(slots)
@@ -134,7 +137,7 @@ class SpecBackend:
             m = int(keep.max())
             feats = None if p.hidden is None else p.hidden[rows, :m]  # [B, m, F]
             self.drafter.extend_context(s, p.tokens[rows, :m], keep, feats)
-        self._pending = None
+        self.pending_commit = None
 
     def accept(self, logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, q: torch.Tensor | None,
                sampling: Sequence[SamplingParams], positions: torch.Tensor) -> AcceptResult:
@@ -150,8 +153,8 @@ class SpecBackend:
         self.cache.reset(slot)
         if self.drafter is not None:
             self.drafter.release(slot)
-        if self._pending is not None and slot in self._pending.row_of:
-            self._pending = None
+        if self.pending_commit is not None and slot in self.pending_commit.row_of:
+            self.pending_commit = None
 
     def committed_length(self, slot: int) -> int:
         """Committed tokens of a slot (cache length + the anchor), for diagnostics."""

@@ -1,5 +1,6 @@
 """The BLS side of the GPU-host repository (model_repo_trtllm/): EngineCalls as tensorrtllm requests, and the
-`dspark` model that runs serve.trtllm_rounds.TrtllmRoundScheduler inside serve.worker.InflightBatcher.
+`dspark` model that runs serve.trtllm_rounds.TrtllmRoundScheduler (spec_decode.loop.RoundScheduler over the
+engines) inside serve.worker.InflightBatcher.
 
 Owns: the tensor names / dtypes / shapes of the requests we send to a `tensorrtllm` model and the outputs we read
 (TensorRT-LLM 1.2.x triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt; checked by
@@ -155,7 +156,7 @@ class TrtllmDsparkModel(DsparkModel):
 
     def initialize(self, args: dict[str, str]) -> None:
         super(DsparkModel, self).initialize(args)  # the common part (config, logging), not the reference backend
-        from dspark_trt.serve.worker import InflightBatcher  # noqa: PLC0415
+        from dspark_trt.serve.worker import InflightBatcher, latency_observer  # noqa: PLC0415
         from dspark_trt.spec_decode.loop import LoopConfig  # noqa: PLC0415
 
         info = read_build_info(self.cfg.build_dir)
@@ -167,16 +168,9 @@ class TrtllmDsparkModel(DsparkModel):
         self.limits = self.cfg.limits(info.vocab_size)
         self.metrics = ServeMetrics(self.pb, gamma=self.cfg.gamma, model=self.name)
         self.client = PbEngineClient(self.pb, concurrency=2 * self.cfg.max_batch)
-        metrics = self.metrics
-
-        def observe(name: str, seconds: float, error: BaseException | None) -> None:
-            metrics.observe(f"dspark_{name}_latency_seconds", seconds)
-            if name == "draft" and error is not None:
-                metrics.inc("dspark_fallback_total")
-
         sched = TrtllmRoundScheduler(self.client, LoopConfig(gamma=self.cfg.gamma), self.cfg.max_batch,
                                      self.cfg.max_seq_len, info.vocab_size, self.TARGET_MODEL, self.DRAFT_MODEL,
-                                     observe=observe)
+                                     observe=latency_observer(self.metrics))
         self.batcher = InflightBatcher(sched, self.metrics, max_queue=self.cfg.max_queue).start()
         log.info("%s: rounds over tensorrtllm models %r (+ draft %r), γ %d, max batch %d", self.name,
                  self.TARGET_MODEL, self.DRAFT_MODEL, self.cfg.gamma, self.cfg.max_batch)

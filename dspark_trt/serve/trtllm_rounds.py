@@ -1,27 +1,27 @@
-"""The round loop of the GPU-host repository (model_repo_trtllm/): DSpark's K scheduling over TensorRT-LLM engines
+"""The round executor of the GPU-host repository (model_repo_trtllm/): DSpark's rounds over TensorRT-LLM engines
 served by Triton's in-flight batcher (the `target` and `draft` models, backend "tensorrtllm").
 
 Owns EngineCall / EngineReply / EngineClient (one request to a tensorrtllm model and what comes back, free of
 pb_utils; serve.trtllm_bls.PbEngineClient sends them over BLS), `verify_outcome` (a verify reply → accepted and
-committed tokens) and TrtllmRoundScheduler, which has spec_decode.loop.RoundScheduler's interface (add / cancel /
-step / active / pending / speculate), so serve.worker.InflightBatcher drives it unchanged.
+committed tokens), TrtllmExecutor (spec_decode.protocols.RoundExecutor over an EngineClient: the engine calls of
+prefill, draft and verify) and TrtllmRoundScheduler (spec_decode.loop.RoundScheduler over a TrtllmExecutor, the
+one the `dspark` model hands to serve.worker.InflightBatcher). Requests, caps (spec_decode.scheduler.verify_cap),
+the drafting gate, K per row (schedule_batch), stop conditions, cancellation and stats are the RoundScheduler's,
+as for the reference runtime; what this module adds is how each step runs on the engines:
 
-One round, for every active request at once:
-1. Caps as RoundScheduler's (γ, the policy's ceiling, tokens left − 1, room), then survival's drafting gate.
-2. Draft: one request per drafted row to `draft` (the committed sequence, request_output_len = cap, greedy), all
-   concurrently. LM / PARD drafters only: the DSpark drafter needs target hidden states (docs/gpu.md).
-3. K per row: spec_decode.scheduler.schedule_batch (LM drafters have no confidence head: survival uses the
-   acceptance EMA, as in the reference runtime).
-4. Verify: one request per row to `target`: input_ids = the committed sequence, draft_input_ids = d_1..d_K,
-   request_output_len = K + 1 (tensorrtllm_backend's BLS rule), all concurrently so the in-flight batcher runs
-   them as one batch; enable_kv_cache_reuse makes the resent prefix cheap. The engine verifies: a request with
-   K external draft tokens is one step returning the draft's accepted prefix plus one target token (greedy:
-   the longest prefix equal to the target's argmax).
-5. Commit: accepted = the longest prefix of the returned tokens equal to the draft; every returned token is the
-   target's own, so all are committed up to the first stop condition (eos, stop sequence, max_new_tokens — ours:
-   no end_id is sent, the engine returns exactly what was asked). The K policies observe (k, accepted, top-1 /
-   margin from generation_logits, which only confidence-policy rows request; they cover positions 0..accepted,
-   where the reference runtime has all 0..K).
+- Prefill: one request per admitted row to `target` (the prompt, request_output_len = 1), all concurrently.
+- Draft: one request per drafted row to `draft` (the committed sequence, request_output_len = cap, greedy), all
+  concurrently. LM / PARD drafters only: the DSpark drafter needs target hidden states (docs/gpu.md). No
+  confidence head: survival uses the acceptance EMA, as for the reference runtime's LM drafters.
+- Verify: one request per row to `target`: input_ids = the committed sequence, draft_input_ids = d_1..d_K,
+  request_output_len = K + 1 (tensorrtllm_backend's BLS rule), all concurrently so the in-flight batcher runs
+  them as one batch; enable_kv_cache_reuse makes the resent prefix cheap. The engine verifies: a request with
+  K external draft tokens is one step returning the draft's accepted prefix plus one target token (greedy:
+  the longest prefix equal to the target's argmax), and keeps nothing between rounds, so the commit is the reply.
+  accepted = the longest prefix of the returned tokens equal to the draft; every returned token is the target's
+  own, so all are committed (no end_id is sent: the engine returns exactly what was asked; the scheduler applies
+  eos / stop sequences / max_new_tokens). Top-1 / margin for the K policies come from generation_logits, which
+  only confidence-policy rows request; they cover positions 0..accepted, where the reference runtime has all 0..K.
 
 Sampling (temperature > 0) is the engine's: temperature / runtime_top_p / seed go to the target; drafts stay
 greedy and the engine's token-match acceptance keeps the target's distribution, but not the reference runtime's
@@ -29,11 +29,10 @@ seeded draws. Greedy output equals the target's greedy decoding whatever the dra
 """
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -41,14 +40,12 @@ import torch
 
 from dspark_trt.errors import ServeError
 from dspark_trt.spec_decode import accept as spec_accept
-from dspark_trt.spec_decode.loop import LoopConfig, Request, RoundEvent, emit_committed
-from dspark_trt.spec_decode.scheduler import (GateMemory, PolicyState, observe, plan_drafting, schedule_batch,
-                                              verify_cap)
-from dspark_trt.spec_decode.stats import RoundRecord, SpecStats
+from dspark_trt.spec_decode.loop import LoopConfig, RoundScheduler
+from dspark_trt.spec_decode.protocols import DraftBlock, DraftOutcome, RoundRow, VerifyOutcome
 
 log = logging.getLogger(__name__)
 
-__all__ = ["EngineCall", "EngineReply", "EngineClient", "TrtllmRoundScheduler", "verify_outcome"]
+__all__ = ["EngineCall", "EngineReply", "EngineClient", "TrtllmExecutor", "TrtllmRoundScheduler", "verify_outcome"]
 
 
 @dataclass(frozen=True)
@@ -93,80 +90,29 @@ def verify_outcome(draft: Sequence[int], new: Sequence[int]) -> tuple[int, list[
     return min(a, len(committed) - 1), committed
 
 
-@dataclass
-class _Active:
-    rid: int
-    req: Request
-    state: PolicyState
-    tokens: list[int] = field(default_factory=list)  # generated so far
-    stats: SpecStats = field(default_factory=SpecStats)
-
-    @property
-    def seq(self) -> tuple[int, ...]:
-        return self.req.prompt_ids + tuple(self.tokens)
-
-
 Observer = Callable[[str, float, BaseException | None], None]
 
 
-class TrtllmRoundScheduler:
-    """Continuous batching of speculative rounds over tensorrtllm models (RoundScheduler's interface).
+class TrtllmExecutor:
+    """spec_decode.protocols.RoundExecutor over tensorrtllm models: one engine request per row and step, each step's
+    requests sent at once (one batch for Triton's in-flight batcher). Slots only bound the rows in flight (the
+    engines' max_batch_size); the engines keep no per-request state between rounds. observe(name, seconds, error)
+    is called after each "draft" / "verify" fan-out (the serving latency histograms)."""
 
-    max_batch bounds the requests in flight (the engines' max_batch_size); the rest wait. observe(name, seconds,
-    error) is called after each concurrent "draft" / "verify" fan-out (the serving latency histograms)."""
+    keyed_sampling = False  # the engine samples; a request's seed goes through as given
 
-    def __init__(self, client: EngineClient, config: LoopConfig, max_batch: int, max_seq: int, vocab_size: int,
-                 target_model: str = "target", draft_model: str | None = "draft", speculate: bool = True,
+    def __init__(self, client: EngineClient, max_batch: int, max_seq: int, vocab_size: int,
+                 target_model: str = "target", draft_model: str | None = "draft",
                  observe: Observer | None = None) -> None:
         self.client = client
-        self.config = config
         self.max_batch, self.max_seq, self.vocab_size = max_batch, max_seq, vocab_size
         self.target_model, self.draft_model = target_model, draft_model
-        self.speculate = speculate
+        self.can_draft = draft_model is not None
         self._observe = observe
-        self.gate = GateMemory()  # the survival gate across requests
-        self._ids = itertools.count()
-        self._waiting: list[tuple[int, Request]] = []
-        self._active: dict[int, _Active] = {}
-        self.totals = SpecStats(keep_rounds=False)
-        self.batched_rounds = 0
         self._warned_logits = False
 
-    # ---- requests -------------------------------------------------------------------------------------
-    def add(self, request: Request) -> int:
-        request.check_fits(self.vocab_size, self.max_seq, self.config.gamma)
-        rid = next(self._ids)
-        self._waiting.append((rid, request))
-        return rid
-
-    def cancel(self, request_id: int) -> bool:
-        """Drop a waiting or active request (nothing is in flight between rounds); False if unknown/finished."""
-        for i, (rid, _) in enumerate(self._waiting):
-            if rid == request_id:
-                del self._waiting[i]
-                return True
-        act = self._active.pop(request_id, None)
-        if act is None:
-            return False
-        self.totals = self.totals.merge([act.stats], keep_rounds=False)
-        return True
-
-    @property
-    def active(self) -> int:
-        return len(self._active)
-
-    @property
-    def pending(self) -> int:
-        return len(self._waiting) + len(self._active)
-
-    # ---- one step -------------------------------------------------------------------------------------
-    def step(self) -> list[RoundEvent]:
-        """Admit waiting requests (one prefill request each, concurrently), then ONE round for every active one."""
-        events: dict[int, RoundEvent] = {}
-        self._admit(events)
-        if self._active:
-            self._round(events)
-        return list(events.values())
+    def release(self, slot: int) -> None:
+        """Nothing to free: the engines hold no state of a request between rounds."""
 
     def _fan_out(self, name: str, model: str, calls: list[EngineCall]) -> list[EngineReply]:
         t0 = time.perf_counter()
@@ -183,70 +129,69 @@ class TrtllmRoundScheduler:
             if self._observe is not None and name in ("draft", "verify"):
                 self._observe(name, time.perf_counter() - t0, error)
 
-    def _call(self, act: _Active, output_len: int, draft: tuple[int, ...] = (), logits: bool = False,
+    @staticmethod
+    def _call(row: RoundRow, output_len: int, draft: tuple[int, ...] = (), logits: bool = False,
               greedy: bool = False) -> EngineCall:
         """The request for one row; `greedy` forces argmax (drafts), else the request's own sampling settings."""
-        s = act.req.sampling
+        s = row.sampling
         if greedy or s.greedy:
-            return EngineCall(act.seq, output_len, draft, return_logits=logits, request_id=f"dspark-{act.rid}")
-        return EngineCall(act.seq, output_len, draft, float(s.temperature), float(s.top_p),
-                          None if s.seed is None else int(s.seed), logits, f"dspark-{act.rid}")
+            return EngineCall(row.sequence, output_len, draft, return_logits=logits, request_id=f"dspark-{row.rid}")
+        return EngineCall(row.sequence, output_len, draft, float(s.temperature), float(s.top_p),
+                          None if s.seed is None else int(s.seed), logits, f"dspark-{row.rid}")
 
-    def _emit(self, events: dict[int, RoundEvent], act: _Active, toks: list[int]) -> bool:
-        return emit_committed(events, act.rid, act.req, act.tokens, act.stats, toks)
-
-    def _finish(self, act: _Active) -> None:
-        del self._active[act.rid]
-        self.totals = self.totals.merge([act.stats], keep_rounds=False)
-
-    def _admit(self, events: dict[int, RoundEvent]) -> None:
-        n = min(self.max_batch - len(self._active), len(self._waiting))
-        if n <= 0:
-            return
-        batch, self._waiting = self._waiting[:n], self._waiting[n:]
-        acts = [_Active(rid, req, PolicyState.initial(req.policy, self.gate)) for rid, req in batch]
-        replies = self._fan_out("prefill", self.target_model, [self._call(a, 1) for a in acts])
-        for act, rep in zip(acts, replies):
+    def prefill(self, rows: Sequence[RoundRow]) -> list[int]:
+        """One request per row (its prompt, one new token), concurrently → each row's first token."""
+        replies = self._fan_out("prefill", self.target_model, [self._call(r, 1) for r in rows])
+        first: list[int] = []
+        for rep in replies:
             if rep.error or not rep.tokens:
                 raise ServeError(f"the target engine failed the prefill of a request: {rep.error or 'no tokens'}")
-            self._active[act.rid] = act
-            act.stats.prefill_calls += 1
-            act.stats.committed_tokens += 1
-            if self._emit(events, act, [int(rep.tokens[0])]):
-                self._finish(act)
+            first.append(int(rep.tokens[0]))
+        return first
 
-    def _caps(self, acts: list[_Active]) -> list[int]:
-        if not self.speculate or self.draft_model is None:
-            return [0] * len(acts)
-        return [verify_cap(a.req.policy, a.state, self.config.gamma, a.req.max_new_tokens - len(a.tokens),
-                           self.max_seq, len(a.seq)) for a in acts]
-
-    def _draft(self, acts: list[_Active], caps: list[int]) -> tuple[dict[int, tuple[int, ...]], set[int]]:
-        """Draft the rows with cap > 0 → ({row: d_1..d_cap}, rows whose drafting failed → plain this round)."""
-        rows = [i for i, c in enumerate(caps) if c > 0]
-        if not rows or self.draft_model is None:
-            return {}, set()
-        try:
-            replies = self._fan_out("draft", self.draft_model, [self._call(acts[i], caps[i], greedy=True)
-                                                                  for i in rows])
-        except Exception as exc:  # noqa: BLE001 - a drafter failure makes the round plain decoding
-            log.warning("draft engine failed (%s: %s); this round runs as plain decoding", type(exc).__name__, exc)
-            return {}, set(rows)
-        out: dict[int, tuple[int, ...]] = {}
-        failed: set[int] = set()
-        for i, rep in zip(rows, replies):
+    def draft(self, rows: Sequence[RoundRow], caps: Sequence[int]) -> DraftOutcome:
+        """One greedy request of caps[r] tokens per row to the draft engine, concurrently; a row whose request failed
+        gets proposed 0."""
+        assert self.draft_model is not None  # can_draft
+        replies = self._fan_out("draft", self.draft_model, [self._call(r, c, greedy=True) for r, c in zip(rows, caps)])
+        drafts: list[list[int]] = []
+        for row, cap, rep in zip(rows, caps, replies):
             if rep.error or not rep.tokens:
-                log.warning("draft engine failed for request %d (%s); plain decoding for it this round", acts[i].rid,
+                log.warning("draft engine failed for request %d (%s); plain decoding for it this round", row.rid,
                             rep.error or "no tokens")
-                failed.add(i)
+                drafts.append([])
             else:
-                out[i] = tuple(int(t) for t in rep.tokens[: caps[i]])
-        return out, failed
+                drafts.append([int(t) for t in rep.tokens[:cap]])
+        tokens = torch.zeros(len(rows), max(caps), dtype=torch.long)  # [R, γ'] right-padded
+        for r, d in enumerate(drafts):
+            tokens[r, :len(d)] = torch.tensor(d, dtype=torch.long)
+        return DraftOutcome(DraftBlock(tokens, None, None), tuple(len(d) for d in drafts))
 
-    def _signals(self, act: _Active, rep: EngineReply, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def verify(self, rows: Sequence[RoundRow], draft: DraftBlock, k: Sequence[int]) -> VerifyOutcome:
+        """One request per row to the target engine (sequence + d_1..d_k, K + 1 tokens back), concurrently; the
+        reply is the commit (verify_outcome)."""
+        calls = [self._call(r, k[i] + 1, tuple(int(t) for t in draft.tokens[i, :k[i]].tolist()),
+                            r.policy.policy == "confidence") for i, r in enumerate(rows)]
+        replies = self._fan_out("verify", self.target_model, calls)
+        accepted: list[int] = []
+        committed: list[tuple[int, ...]] = []
+        top1: list[torch.Tensor] = []
+        margin: list[torch.Tensor] = []
+        for row, call, rep, k_r in zip(rows, calls, replies, k):
+            if rep.error:
+                raise ServeError(f"the target engine failed a verify request: {rep.error}")
+            n_acc, toks = verify_outcome(call.draft_ids, rep.tokens)
+            t1, m = self._signals(row, rep, k_r)
+            accepted.append(n_acc)
+            committed.append(tuple(toks))
+            top1.append(t1)
+            margin.append(m)
+        return VerifyOutcome(tuple(accepted), tuple(committed), tuple(top1), tuple(margin))
+
+    def _signals(self, row: RoundRow, rep: EngineReply, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """top-1 / margin [n] of the target at the returned positions (NaN [1] without logits)."""
         if rep.logits is None or rep.logits.size == 0:
-            if act.req.policy.policy == "confidence":
+            if row.policy.policy == "confidence":
                 if not self._warned_logits:
                     log.warning("the target engine returned no generation_logits for a confidence-policy request "
                                 "(build it with --gather_generation_logits); its confidence signals count as 0")
@@ -254,33 +199,22 @@ class TrtllmRoundScheduler:
                 return torch.zeros(k + 1), torch.zeros(k + 1)
             return torch.full((1,), math.nan), torch.full((1,), math.nan)
         logits = torch.from_numpy(np.asarray(rep.logits, dtype=np.float32)).reshape(1, -1, rep.logits.shape[-1])
-        s = act.req.sampling
+        s = row.sampling
         temp = torch.tensor([1.0 if s.greedy else float(s.temperature)])
         probs = spec_accept.target_probs(logits, temp, torch.tensor([float(s.top_p)]))  # [1, n, V]
         top1, margin = spec_accept.top_signals(probs, torch.ones(probs.shape[:2], dtype=torch.bool))
         return top1[0], margin[0]
 
-    def _round(self, events: dict[int, RoundEvent]) -> None:
-        acts = list(self._active.values())
-        cfgs, states = [a.req.policy for a in acts], [a.state for a in acts]
-        caps = plan_drafting(cfgs, states, self._caps(acts), self.config.cost_table, self.gate)
-        drafts, failed = self._draft(acts, caps)
-        caps = [len(drafts.get(i, ())) for i in range(len(acts))]
-        ks = schedule_batch(cfgs, states, caps, None, self.config.cost_table)
-        calls = [self._call(a, ks[i] + 1, drafts.get(i, ())[: ks[i]], a.req.policy.policy == "confidence")
-                 for i, a in enumerate(acts)]
-        replies = self._fan_out("verify", self.target_model, calls)
-        self.batched_rounds += 1
-        for i, (act, call, rep) in enumerate(zip(acts, calls, replies)):
-            if rep.error:
-                raise ServeError(f"the target engine failed a verify request: {rep.error}")
-            n_acc, toks = verify_outcome(call.draft_ids, rep.tokens)
-            top1, margin = self._signals(act, rep, ks[i])
-            conf = observe(act.req.policy, act.state, ks[i], n_acc, top1, margin, self.gate)
-            before = len(act.tokens)
-            done = self._emit(events, act, toks)
-            rec = RoundRecord(ks[i], n_acc, conf, len(act.tokens) - before, fallback=i in failed)
-            act.stats.record_round(rec, drafted=i in drafts, proposed=len(drafts.get(i, ())))
-            log.debug("req %d: k=%d accepted=%d committed=%d", act.rid, ks[i], n_acc, len(toks))
-            if done:
-                self._finish(act)
+
+class TrtllmRoundScheduler(RoundScheduler):
+    """spec_decode.loop.RoundScheduler over a TrtllmExecutor (the GPU-host `dspark` model's scheduler): the same
+    admission, caps, K policies, stops, cancel and stats as the reference runtime's, with the engines' steps.
+
+    max_batch bounds the requests in flight (the engines' max_batch_size); the rest wait. observe: see
+    TrtllmExecutor. The survival gate is this scheduler's own (one per served model)."""
+
+    def __init__(self, client: EngineClient, config: LoopConfig, max_batch: int, max_seq: int, vocab_size: int,
+                 target_model: str = "target", draft_model: str | None = "draft", speculate: bool = True,
+                 observe: Observer | None = None) -> None:
+        super().__init__(TrtllmExecutor(client, max_batch, max_seq, vocab_size, target_model, draft_model, observe),
+                         config, speculate)

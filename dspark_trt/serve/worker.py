@@ -9,13 +9,17 @@ models execute in process, next to their KV caches: a central loop with in-proce
 batches (12.4 of ideal ≈ 13) and the lowest latency in that measurement; calling the `draft`/`target` Triton
 models by BLS once per round batched just as well (12.6) but added two round trips and tensor copies per round
 and would split the KV caches from the loop that rolls them back. Per-request BLS broke batches up (2–4.5).
-On a GPU host the TRT-LLM engines are driven by serve.trtllm_rounds.TrtllmRoundScheduler (BLS calls to the
-tensorrtllm models, its own admission and rounds, the same caps / request checks / K policies as this loop).
+On a GPU host (model_repo_trtllm/) the same RoundScheduler — the same admission, caps, K policies, stops,
+cancellation and stats — drives the TensorRT-LLM engines instead: serve.trtllm_rounds.TrtllmRoundScheduler is
+the RoundScheduler over a TrtllmExecutor, whose prefill / draft / verify steps are BLS requests to the
+tensorrtllm `target` and `draft` models (one per row, each step's sent at once), and this worker drives it
+unchanged.
 
-Owns: Job / ResponseSink (what execute() hands over), `serving_backend` (the backend wrapped with
-spec_decode.stats.TimedBackend feeding draft/verify latency and drafter-failure counts into ServeMetrics, plus
-optional fault injection for tests), InflightBatcher (which turns RoundScheduler.speculate off while the queue is
-deeper than MAX_QUEUE). Knows nothing of pb_utils: the adapter passes a ResponseSink and a ServeMetrics.
+Owns: Job / ResponseSink (what execute() hands over), `latency_observer` (draft/verify latency and drafter-failure
+counts into ServeMetrics, for either executor), `serving_backend` (the backend wrapped with
+spec_decode.stats.TimedBackend reporting to that observer, plus optional fault injection for tests),
+InflightBatcher (which turns RoundScheduler.speculate off while the queue is deeper than MAX_QUEUE). Knows nothing
+of pb_utils: the adapter passes a ResponseSink and a ServeMetrics.
 """
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from dspark_trt.errors import DrafterError
 from dspark_trt.serve.metrics import ServeMetrics
@@ -106,16 +110,21 @@ class FaultyBackend:
         return self._inner.verify(*args, **kwargs)
 
 
-def serving_backend(inner: Any, metrics: ServeMetrics, faults: str = "") -> TimedBackend:
-    """The backend the round loop drives when serving: draft/verify latency histograms, a drafter failure counts
-    as a fallback (the loop runs that round as plain decoding), optional injected faults."""
+def latency_observer(metrics: ServeMetrics) -> Callable[[str, float, BaseException | None], None]:
+    """observe(name, seconds, error) after each "draft" / "verify" pass: the latency histograms, and a drafter failure
+    counts as a fallback (the loop runs that round as plain decoding)."""
 
     def observe(name: str, seconds: float, error: BaseException | None) -> None:
         metrics.observe(f"dspark_{name}_latency_seconds", seconds)
         if name == "draft" and error is not None:
             metrics.inc("dspark_fallback_total")
 
-    return TimedBackend(FaultyBackend(inner, faults) if faults else inner, observe)
+    return observe
+
+
+def serving_backend(inner: Any, metrics: ServeMetrics, faults: str = "") -> TimedBackend:
+    """The backend the round loop drives when serving: timed into latency_observer, optional injected faults."""
+    return TimedBackend(FaultyBackend(inner, faults) if faults else inner, latency_observer(metrics))
 
 
 def _stats_payload(job: Job, ev: RoundEvent | None) -> dict[str, object]:

@@ -1,7 +1,7 @@
 """K policy names: the one list every entry point (CLI, Python API, build options, served requests) checks against.
 
 Torch-free, so the tokenizer-only Triton models and the build options can import it. "seed" is accepted as an
-alias of "confidence" (the name the article uses for that policy); every parser maps it before checking.
+alias of "confidence" (the name the DSpark deployment guide uses for that policy); every parser maps it before checking.
 """
 from __future__ import annotations
 

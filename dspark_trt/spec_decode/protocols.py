@@ -1,8 +1,16 @@
 """Contracts between the algorithm (dspark_trt.spec_decode) and whatever executes models.
 
-spec_decode/ owns these types; runtime/ implements them. Nothing here imports torch model code,
+spec_decode/ owns these types; runtime/ and serve/ implement them. Nothing here imports torch model code,
 Triton or tritonclient. Shapes: B requests in a round, γ block size, K ≤ γ verify length,
 V vocabulary, F = len(target_layer_ids) * hidden_size draft features.
+
+Two levels:
+- `Drafter` and `Backend`: a drafter, and a target + drafter pair over slot KV caches (runtime.backend.SpecBackend).
+- `RoundExecutor`: the model side of one speculative round as spec_decode.loop.RoundScheduler drives it — prefill,
+  draft, verify (+ accept + commit) — over the rows (`RoundRow`) the scheduler owns. Two implementations:
+  spec_decode.executor.BackendExecutor (the reference runtime: any Backend) and serve.trtllm_rounds.TrtllmExecutor
+  (TensorRT-LLM engines through Triton BLS). Its steps answer with one frozen outcome each: `DraftOutcome`,
+  `VerifyOutcome`.
 
 Positions: a request with n committed tokens (prompt + generated) has its anchor at absolute position n − 1
 and d_1 at position n. `positions` [B] below is always that n — the RNG key of draft sampling
@@ -11,7 +19,7 @@ and d_1 at position n. `positions` [B] below is always that n — the RNG key of
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 import torch
 
@@ -19,8 +27,10 @@ from dspark_trt.spec_decode.sampling import SamplingParams
 
 if TYPE_CHECKING:
     from dspark_trt.spec_decode.accept import AcceptResult
+    from dspark_trt.spec_decode.scheduler import PolicyConfig
 
-__all__ = ["Backend", "DraftBlock", "Drafter", "SamplingParams"]
+__all__ = ["Backend", "DraftBlock", "DraftOutcome", "Drafter", "RoundExecutor", "RoundRow", "SamplingParams",
+           "VerifyOutcome"]
 
 
 @dataclass
@@ -93,7 +103,8 @@ class Backend(Protocol):
 
     def commit(self, slots: Sequence[int], n_keep: torch.Tensor) -> None:
         """n_keep [B] = 1 + accepted: how many of the last verify's tokens stay in the target cache (the anchor
-        and accepted drafts). Rolls the target cache back past them and hands the drafter those tokens + features."""
+        and accepted drafts). Rolls the target cache back past them and hands the drafter those tokens + features.
+        Consumes what that verify() left (runtime.backend.SpecBackend: its `pending_commit`)."""
 
     def accept(
         self,
@@ -109,3 +120,90 @@ class Backend(Protocol):
 
     def release(self, slot: int) -> None:
         """Free a slot (finished or cancelled request)."""
+
+
+class RoundRow(Protocol):
+    """One active request as a RoundExecutor sees it (read-only: spec_decode.loop.RoundScheduler owns it)."""
+
+    rid: int  # the scheduler's request id
+    slot: int  # its KV slot, 0 ≤ slot < max_batch (free again after release)
+
+    @property
+    def sampling(self) -> SamplingParams: ...
+
+    @property
+    def policy(self) -> "PolicyConfig": ...
+
+    @property
+    def sequence(self) -> tuple[int, ...]:
+        """The committed tokens: prompt + generated (at prefill: the prompt)."""
+
+    @property
+    def n_committed(self) -> int:
+        """len(sequence): the absolute position of d_1 (the RNG key of draft, accept and first-token draws)."""
+
+    @property
+    def anchor(self) -> int:
+        """The newest committed token (the next verify writes its KV)."""
+
+
+@dataclass(frozen=True)
+class DraftOutcome:
+    """One draft step over the R rows it was asked for (in that order)."""
+
+    block: DraftBlock | None  # tokens [R, γ'] (row r valid up to proposed[r]), q [R, γ', V] | None,
+    # conf [R, γ'] | None; None: nothing was drafted
+    proposed: tuple[int, ...]  # [R] tokens drafted per row; 0: its drafting failed (that row runs plain this round)
+
+    @classmethod
+    def failed(cls, rows: int) -> "DraftOutcome":
+        """Every row's drafting failed: the round is plain decoding for them."""
+        return cls(None, (0,) * rows)
+
+
+@dataclass(frozen=True)
+class VerifyOutcome:
+    """What one verify step (verify → accept → commit) did, per row of the round."""
+
+    accepted: tuple[int, ...]  # [B] drafts accepted (0 ≤ accepted ≤ k)
+    committed: tuple[tuple[int, ...], ...]  # [B] tokens committed, in order: d_1..d_accepted, then target tokens
+    # (the recovered / bonus token; at least accepted + 1 tokens); the last is the row's new anchor
+    top1: tuple[torch.Tensor, ...]  # [B] × [n] float32: target top-1 probability per verified position (policies)
+    margin: tuple[torch.Tensor, ...]  # [B] × [n] float32: top-1 − top-2 probability per verified position
+
+    def __post_init__(self) -> None:
+        if not len(self.accepted) == len(self.committed) == len(self.top1) == len(self.margin):
+            raise ValueError(f"VerifyOutcome rows disagree: {len(self.accepted)} accepted, {len(self.committed)} "
+                             f"committed, {len(self.top1)} top1, {len(self.margin)} margin")
+
+
+@runtime_checkable
+class RoundExecutor(Protocol):
+    """The model side of the rounds spec_decode.loop.RoundScheduler runs (which owns requests, slots, caps, K,
+    stop conditions, cancellation and stats). Rows are RoundRows; lists of them are in the round's row order.
+
+    Invariant per row: after prefill and after every verify, the executor holds the row's committed tokens
+    (cache state, or the sequence it resends), the newest one being the anchor of the next round."""
+
+    vocab_size: int
+    max_batch: int  # rows in flight at once (slots 0..max_batch − 1)
+    max_seq: int  # tokens one row may hold (spec_decode.limits.request_room applies)
+    can_draft: bool  # False: no drafter here; every round is plain (caps 0, draft() is never called)
+    keyed_sampling: bool  # True: sampled rows draw from spec_decode.rng keyed on the request's seed (add() gives a
+    # seedless request a random one); False: the engine samples, the seed goes through as given
+
+    def prefill(self, rows: Sequence[RoundRow]) -> list[int]:
+        """Run each row's prompt (row.sequence) into its slot → its first generated token (the token at position
+        row.n_committed)."""
+
+    def draft(self, rows: Sequence[RoundRow], caps: Sequence[int]) -> DraftOutcome:
+        """Propose up to caps[r] ≥ 1 tokens after each row's anchor. May raise (the scheduler runs the round as plain
+        decoding); a row it could not draft gets proposed 0."""
+
+    def verify(self, rows: Sequence[RoundRow], draft: DraftBlock, k: Sequence[int]) -> VerifyOutcome:
+        """Verify d_1..d_k[r] of every row — draft.tokens [B, K] right-padded (K = max k), draft.q [B, K, V] | None
+        for rejection sampling — accept, and commit → VerifyOutcome (the committed tokens are the executor's state
+        when it returns)."""
+
+    def release(self, slot: int) -> None:
+        """Forget a slot (finished or cancelled request)."""

@@ -136,7 +136,8 @@ class GateMemory:
 def verify_cap(cfg: PolicyConfig, state: PolicyState, gamma: int, tokens_left: int, max_seq: int,
                committed: int) -> int:
     """The most one request may verify next round: min(γ, its policy's ceiling, tokens left − 1 (the round's own
-    target token), cache room max_seq − committed − 1), never below 0. Both round executors ask this."""
+    target token), cache room max_seq − committed − 1), never below 0. spec_decode.loop.RoundScheduler asks this,
+    whatever its executor."""
     return max(0, min(gamma, cfg.ceiling(state.k), tokens_left - 1, max_seq - committed - 1))
 
 
