@@ -2,7 +2,7 @@
 """Benchmark the runtime's decode / verify / draft hot path on this CPU, in one run, and plot it.
 
 Reports, side by side: plain greedy decode tok/s of ours in bf16 and quantized (W8A16 by default; round-to-nearest
-weights from runtime.quant_linear.rtn_quantize) with weight MB per token and % of the measured read bandwidth; the
+weights from testing.quantize.rtn_quantize) with weight MB per token and % of the measured read bandwidth; the
 cost of one verify pass of K+1 tokens relative to one token (K = 1..kmax) per model; the drafter's pass (γ = 4, 8)
 relative to a target decode step; llama.cpp (llama-cpp-python) on given GGUF files with the same prompt token ids,
 when `llama_cpp` is importable; optionally HF transformers generate. Writes a markdown table (stamped with the
@@ -222,7 +222,7 @@ def hf_decode(hf: Any, ids: list[int], new: int) -> tuple[float, list[int]]:
 
 
 def run(args: argparse.Namespace) -> Report:
-    from dspark_trt.runtime.quant_linear import rtn_quantize
+    from dspark_trt.testing.quantize import rtn_quantize
 
     d = Path(args.model) if args.model else _default_dir()
     tok = load_tokenizer(d)

@@ -200,17 +200,15 @@ def _native_greedy(u: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: 
                    conf_temp: torch.Tensor | None, need_q: bool = True) -> Any:
     """All-greedy rows on the CPU: the γ steps in one native call (runtime/native/draft.cpp: the reference's bias
     product, add and argmax), confidences from the chosen tokens afterwards (the reference's per-row sums) →
-    reference.MarkovBlock, bit for bit the reference's (q = None unless need_q); None where the native kernels do not
-    apply."""
+    reference.MarkovBlock, bit for bit the reference's (q = None unless need_q); None where `ops.choose_kernel`
+    answers torch for the bias product W1[x] · W2ᵀ, or W1 and W2 differ in dtype (the kernel's product is unscaled)."""
     from dspark_trt.runtime import native, ops
 
-    if torch.is_grad_enabled() or not (ops.use_native(u) and w1.device.type == w2.device.type == "cpu"):
+    kern = ops.choose_kernel(w1, u, w2, weight=w2, autograd=True)
+    if not kern.native or w1.dtype != w2.dtype:
         return None
     b, gamma, vd = u.shape
-    res = native.markov_greedy(u, anchor, w1, w2, d2t)
-    if res is None:
-        return None
-    ids, toks = res  # [B, γ] draft-vocab ids, target ids
+    ids, toks = native.markov_greedy(u, anchor, w1, w2, d2t, kern.kind)  # [B, γ] draft-vocab ids, target ids
     conf = None
     if conf_bias is not None and w_conf is not None:
         prev = torch.cat([anchor.long()[:, None], toks[:, :-1]], dim=1)  # [B, γ] x_{k-1}
@@ -223,9 +221,10 @@ def _native_greedy(u: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: 
 
 
 def _native_bias(w2: torch.Tensor | None) -> Any:
-    """The Markov bias product on the runtime's native CPU kernels (w1x [B, r] · W2ᵀ, rounded to the param dtype,
-    as float32: F.linear's result, several times faster for one row), or None (→ F.linear) off the CPU."""
-    if w2 is None or w2.device.type != "cpu":
+    """The Markov bias product w1x [B, r] · W2ᵀ, rounded to the param dtype, as float32, on the runtime's native
+    kernels where `ops.choose_kernel` sends it (native_product: F.linear's result, several times faster for one row),
+    else F.linear; None without a Markov head."""
+    if w2 is None:
         return None
     from dspark_trt.runtime.drafters.layers import native_product
 

@@ -17,7 +17,8 @@ import torch
 
 from dspark_trt.errors import CheckpointError
 from dspark_trt.runtime.config import ModelConfig
-from dspark_trt.runtime.model import CausalLM, LinearFactory
+from dspark_trt.runtime.layers import LinearFactory
+from dspark_trt.runtime.model import CausalLM
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,8 @@
 """The runtime's Llama-family causal decoder, with weights held in TensorRT-LLM checkpoint layout.
 
 Owns: `CausalLM` (embedding → N × [RMSNorm → fused-qkv attention with RoPE → RMSNorm → fused
-gate|up SwiGLU MLP] → final norm → lm_head), ragged batched forward over a slot `KVCache`,
+gate|up SwiGLU MLP] → final norm → lm_head), ragged batched forward over a slot `KVCache` (the torch path's layer
+loop here; the native one in runtime.native_forward, with the `NativePlan` this model builds, holds and drops),
 hidden-state taps, and loading/exporting TensorRT-LLM named state dicts. Must not know about files
 (see hf_loader / build.trtllm_checkpoint), drafters or the speculative loop.
 
@@ -20,8 +21,7 @@ TRT-LLM checkpoints store the MLP unfused as mlp.fc (= HF gate_proj, the SiLU in
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Iterable, Literal, Mapping, Sequence
+from typing import Iterable, Literal, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -31,41 +31,8 @@ from dspark_trt.errors import CheckpointError, InvalidArgumentError
 from dspark_trt.runtime import ops
 from dspark_trt.runtime.config import ModelConfig
 from dspark_trt.runtime.kv_cache import KVCache
-
-# (qualified module name, in_features, out_features, bias) -> module mapping [..., in] -> [..., out]
-LinearFactory = Callable[[str, int, int, bool], nn.Module]
-
-
-class FastLinear(nn.Linear):
-    """nn.Linear whose CPU products are row-invariant (a row's result does not depend on the other rows).
-
-    On the CPU it runs the native row-invariant kernel when built (runtime.native), else `ops.tile_linear`
-    (one torch.mv per row; a long prompt's rows as one product of their own). The bias is added after
-    rounding the product on every path, as F.linear-then-add would. Other devices use F.linear.
-    """
-
-    def native_spec(self, x_dtype: torch.dtype) -> dict | None:
-        """native.linear arguments for activations of x_dtype, or None when the native kernels do not cover it."""
-        from dspark_trt.runtime import native
-
-        kind = native.kind_for(self.weight, x_dtype)
-        return None if kind is None else {"w": self.weight, "kind": kind, "bias": self.bias}
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        w = self.weight
-        if x.device.type != "cpu":
-            return F.linear(x, w, self.bias)
-        x2 = x.reshape(-1, x.shape[-1])  # [rows, in]
-        spec = self.native_spec(x2.dtype) if ops.use_native(x2) else None
-        if spec is not None:
-            from dspark_trt.runtime import native
-
-            y = native.linear(x2, **spec)
-        else:
-            y = ops.tile_linear(x2, w)  # [rows, out]
-            if self.bias is not None:
-                y = y + self.bias
-        return y.view(*x.shape[:-1], w.shape[0])
+from dspark_trt.runtime.layers import FastLinear, LinearFactory, ModelOutput, RMSNorm, rms_norm
+from dspark_trt.runtime.native_forward import Geometry, LayerParts, NativePlan, forward_native
 
 
 def default_linear_factory(dtype: torch.dtype) -> LinearFactory:
@@ -75,31 +42,6 @@ def default_linear_factory(dtype: torch.dtype) -> LinearFactory:
         return nn.utils.skip_init(FastLinear, in_features, out_features, bias=bias, dtype=dtype)
 
     return make
-
-
-@dataclass
-class ModelOutput:
-    logits: torch.Tensor | None  # [B, T | 1, V] float32
-    hidden: torch.Tensor | None  # [B, T, len(taps) * d] model dtype, or None when no taps
-
-
-class RMSNorm(nn.Module):
-    """Weight holder; the math lives in `rms_norm` so the hot path skips module dispatch."""
-
-    def __init__(self, dim: int, eps: float, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype), requires_grad=False)
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """HF Llama RMSNorm numerics: normalise in fp32, round to the input dtype, then scale."""
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, weight.shape, weight, eps)
-    return weight * F.rms_norm(x.float(), weight.shape, None, eps).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -196,6 +138,7 @@ class CausalLM(nn.Module):
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self._H, self._Hkv, self._D = c.num_heads, c.num_kv_heads, c.head_dim
         self._scale = c.head_dim ** -0.5
+        self._native_plan: NativePlan | None = None  # built on the first native forward, dropped when tensors change
 
     # ----------------------------------------------------------------- accessors for drafters
     @property
@@ -261,10 +204,11 @@ class CausalLM(nn.Module):
             lengths = [T] * B
         if logits not in ("all", "last", "none"):
             raise InvalidArgumentError(f"logits must be 'all', 'last' or 'none', got {logits!r}.")
-        if self._native_ok(input_ids, cache):
-            from dspark_trt.runtime.native_forward import forward_native
-
-            return forward_native(self, input_ids, cache, slots, taps, logits, last_index, lengths)
+        if self._native_ok(cache):
+            start = cache.check_room(slots, T)  # [B]
+            x = F.embedding(input_ids.reshape(-1), self.transformer.vocab_embedding.weight)  # [B·T, d]
+            return forward_native(self._plan(), x, cache, slots, start, self.rope_tables(int(start.max()) + T), taps,
+                                  logits, last_index, lengths)
         with ops.ragged_rows(T, lengths):
             return self._forward_torch(input_ids, cache, slots, taps, logits, last_index, lengths)
 
@@ -317,13 +261,27 @@ class CausalLM(nn.Module):
 
     # ----------------------------------------------------------------- native path (runtime.native_forward)
     def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 - nn.Module signature
-        self.__dict__.pop("_native_plan", None)  # tensors are replaced: rebind the native plan
+        self._native_plan = None  # tensors are replaced: rebind the native plan
         return super()._apply(fn, recurse)
 
-    def _native_ok(self, input_ids: torch.Tensor, cache: KVCache) -> bool:
-        k = cache.k
-        return (ops.use_native(k) and self.dtype in (torch.bfloat16, torch.float32) and k.dtype == self.dtype
-                and self._D % 16 == 0 and self.config.hidden_size % 2 == 0)
+    def _native_ok(self, cache: KVCache) -> bool:
+        """The forward runs on the native kernels: `ops.choose_kernel` says so for the cache, which holds the model
+        dtype, and the attention kernels take the head size (multiples of 16) and the hidden size (even)."""
+        return (ops.choose_kernel(cache.k).native and cache.k.dtype == self.dtype and self._D % 16 == 0
+                and self.config.hidden_size % 2 == 0)
+
+    def _plan(self) -> NativePlan:
+        """This model's native plan, (re)built when missing or when one of its tensors has changed in place."""
+        plan = self._native_plan
+        if plan is None or not plan.valid():
+            c = self.config
+            layers = [LayerParts(layer.input_layernorm.weight, layer.attention.qkv, layer.attention.dense,
+                                 layer.post_layernorm.weight, layer.mlp.fused_fc, layer.mlp.proj)
+                      for layer in self.transformer.layers]
+            geometry = Geometry(c.num_heads, c.num_kv_heads, self._scale, int(c.sliding_window or 0), c.rms_norm_eps)
+            plan = self._native_plan = NativePlan(layers, self.transformer.ln_f.weight, self.lm_head, geometry,
+                                                  self.dtype, [*self.parameters(), *self.buffers()])
+        return plan
 
     # ----------------------------------------------------------------- TRT-LLM state dicts
     def load_trtllm_state_dict(self, state: Mapping[str, torch.Tensor], strict: bool = True,

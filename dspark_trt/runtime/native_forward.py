@@ -1,25 +1,25 @@
-"""The CausalLM forward on the native kernels (runtime.native): decode, verify and prefill in one code path.
+"""A decoder's forward on the native kernels (runtime.native): decode, verify and prefill in one code path.
 
-Owns: `NativePlan` — every projection of a model bound once to its packed weight and fixed kernel arguments (so a
-step makes one C++ call per projection and no per-call Python dispatch), rebuilt when a weight changes — and
-`forward_native`, the layer loop: fused RMSNorm + qkv product, RoPE + KV write, per-query attention, dense product
-+ residual, fused RMSNorm + gate|up product + SwiGLU, down product + residual, taps, final norm + lm_head in fp32.
-A row's numbers depend on nothing but that row (docs/runtime.md, "Batch invariance"). Knows nothing about
-scheduling, drafters or files; `runtime.model.CausalLM.forward` decides when this path runs.
+Owns: `NativePlan` — every projection of a decoder bound once to its packed weight and fixed kernel arguments (so a
+step makes one C++ call per projection and no per-call Python dispatch), with the attention geometry it runs, and
+`valid()` telling its owner when a tensor it was built from has changed — and `forward_native`, the layer loop:
+fused RMSNorm + qkv product, RoPE + KV write, per-query attention, dense product + residual, fused RMSNorm +
+gate|up product + SwiGLU, down product + residual, taps, final norm + lm_head in fp32. A row's numbers depend on
+nothing but that row (docs/runtime.md, "Batch invariance"). Knows nothing about the model class, scheduling,
+drafters or files: runtime.model.CausalLM builds, holds and drops its plan and decides when this path runs.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dspark_trt.runtime import native
-
-if TYPE_CHECKING:  # pragma: no cover
-    from dspark_trt.runtime.kv_cache import KVCache
-    from dspark_trt.runtime.model import CausalLM, ModelOutput
+from dspark_trt.runtime import native, ops
+from dspark_trt.runtime.kv_cache import KVCache
+from dspark_trt.runtime.layers import ModelOutput, rms_norm
 
 
 class _Lin:
@@ -36,14 +36,12 @@ class _Lin:
         self.sq: tuple[torch.Tensor | None, float] = (None, 0.0)
         if spec is None:
             return
-        w = spec["w"]
-        sq = spec.get("sq")
-        kind = spec.get("kind")
-        kind = kind if kind is not None else native.kind_for(w, x_dtype, sq is not None)
-        if kind is None:
+        w, sq = spec["w"], spec.get("sq")
+        kern = ops.choose_kernel(x_dtype, weight=w, sq=sq is not None)
+        if not kern.native:
             return
-        packed, rowsum = native.packed(w, kind, swiglu)
-        self.args = (packed, rowsum, kind, w.shape[0], swiglu, spec.get("scale"), spec.get("bias"),
+        packed, rowsum = native.packed(w, kern.kind, swiglu)
+        self.args = (packed, rowsum, kern.kind, w.shape[0], swiglu, spec.get("scale"), spec.get("bias"),
                      bool(spec.get("bias_f32", False)))
         if sq is not None:
             self.sq = (sq[0], float(sq[1]))
@@ -52,8 +50,6 @@ class _Lin:
                  out_f32: bool = False) -> torch.Tensor:  # x [M, in] → [M, out]
         if self.args is not None:
             return native.ext().linear(x, *self.args, residual, norm, self.eps, self.sq[0], self.sq[1], out_f32)
-        from dspark_trt.runtime.model import rms_norm
-
         h = rms_norm(x, norm, self.eps) if norm is not None else x
         return self._epilogue(self.module(h), residual, out_f32)
 
@@ -72,69 +68,80 @@ class _SwiGLULin(_Lin):
                  out_f32: bool = False) -> torch.Tensor:
         if self.args is not None:
             return super().__call__(x, residual, norm, out_f32)
-        from dspark_trt.runtime.model import rms_norm
-
         h = rms_norm(x, norm, self.eps) if norm is not None else x
         y = self.module(h)  # [M, 2I]
         half = y.shape[-1] // 2
         return self._epilogue(y[:, :half] * F.silu(y[:, half:]), residual, out_f32)
 
 
-class NativePlan:
-    """Per-model binding of every projection to the native kernels, valid while no model tensor changes."""
+@dataclass(frozen=True)
+class LayerParts:
+    """One decoder layer's tensors and projection modules, as its owner holds them."""
 
-    def __init__(self, model: "CausalLM") -> None:
-        dt, eps = model.dtype, model.config.rms_norm_eps
-        self.layers = []
-        for layer in model.transformer.layers:
-            self.layers.append((layer.input_layernorm.weight, _Lin(layer.attention.qkv, dt, False, eps),
-                                _Lin(layer.attention.dense, dt, False, eps), layer.post_layernorm.weight,
-                                _SwiGLULin(layer.mlp.fused_fc, dt, True, eps), _Lin(layer.mlp.proj, dt, False, eps)))
-        self.head = _Lin(model.lm_head, dt, False, eps)
-        self.ln_f = model.transformer.ln_f.weight
-        self._tensors = list({id(t): t for t in list(model.parameters()) + list(model.buffers())}.values())
+    input_norm: torch.Tensor  # [d]
+    qkv: nn.Module  # [d] → [(H + 2·Hkv)·D]
+    dense: nn.Module  # [H·D] → [d]
+    post_norm: torch.Tensor  # [d]
+    gate_up: nn.Module  # [d] → [2I]: up | SiLU input
+    down: nn.Module  # [I] → [d]
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """What the layer loop needs besides the weights."""
+
+    heads: int
+    kv_heads: int
+    scale: float  # attention scale, head_dim^-0.5
+    window: int  # sliding window, 0 = none
+    eps: float  # RMSNorm epsilon
+
+
+class NativePlan:
+    """Every projection of a decoder bound to the native kernels for activations of `dtype`, valid while none of
+    `tensors` (all the owner's parameters and buffers) changes."""
+
+    def __init__(self, layers: Sequence[LayerParts], final_norm: torch.Tensor, head: nn.Module, geometry: Geometry,
+                 dtype: torch.dtype, tensors: Iterable[torch.Tensor]) -> None:
+        eps = geometry.eps
+        self.geometry = geometry
+        self.layers = [(p.input_norm, _Lin(p.qkv, dtype, False, eps), _Lin(p.dense, dtype, False, eps), p.post_norm,
+                        _SwiGLULin(p.gate_up, dtype, True, eps), _Lin(p.down, dtype, False, eps)) for p in layers]
+        self.head = _Lin(head, dtype, False, eps)
+        self.ln_f = final_norm
+        self._tensors = list({id(t): t for t in tensors}.values())
         self._stamp = self.stamp()
 
     def stamp(self) -> int:
-        """Sum of the model tensors' in-place version counters (changes when any of them is modified)."""
+        """Sum of the tensors' in-place version counters (changes when any of them is modified)."""
         return sum(t._version for t in self._tensors)
 
     def valid(self) -> bool:
         return self.stamp() == self._stamp
 
 
-def plan_for(model: "CausalLM") -> NativePlan:
-    plan = model.__dict__.get("_native_plan")
-    if plan is None or not plan.valid():
-        plan = model.__dict__["_native_plan"] = NativePlan(model)
-    return plan
-
-
-def forward_native(model: "CausalLM", input_ids: torch.Tensor, cache: "KVCache", slots: torch.Tensor,
-                   taps: Sequence[int], logits: str, last_index: torch.Tensor | None,
-                   lengths: list[int]) -> "ModelOutput":
-    """CausalLM.forward on the native kernels (same contract; see CausalLM.forward)."""
-    from dspark_trt.runtime.model import ModelOutput
-
+def forward_native(plan: NativePlan, x: torch.Tensor, cache: KVCache, slots: torch.Tensor, start: torch.Tensor,
+                   rope: tuple[torch.Tensor, torch.Tensor], taps: Sequence[int], logits: str,
+                   last_index: torch.Tensor | None, lengths: list[int]) -> ModelOutput:
+    """The decoder's forward (CausalLM.forward's contract) on the native kernels: x [B·T, d] the embedded tokens of
+    B right-padded rows, slots [B], start [B] each slot's length before this step (cache.check_room), rope the
+    cos / sin tables [≥ max(start) + T, D], lengths [B] real tokens per row."""
     ext = native.ext()
-    plan = plan_for(model)
-    B, T = input_ids.shape
-    start = cache.check_room(slots, T)  # [B]
-    H, Hkv = model._H, model._Hkv
+    g = plan.geometry
+    B = slots.numel()
+    T = x.shape[0] // B
     pos = (start[:, None] + torch.arange(T)).reshape(-1)  # [B·T]
-    cos, sin = model.rope_tables(int(start.max()) + T)
+    cos, sin = rope
     lens = torch.tensor(lengths, dtype=torch.long)  # [B]
-    window = int(model.config.sliding_window or 0)
-    scale = model._scale
     tapset = set(taps)
     tapped: dict[int, torch.Tensor] = {}
     ks, vs = cache.layer_views()
-    x = F.embedding(input_ids.reshape(-1), model.transformer.vocab_embedding.weight)  # [B·T, d]
     for i, (ln1, qkv, dense, ln2, fc, proj) in enumerate(plan.layers):
         ck, cv = ks[i], vs[i]  # [S, Hkv, seq_alloc, D]
         h = qkv(x, norm=ln1)  # [B·T, (H + 2Hkv) D]
-        q = ext.rope_kv(h if h.is_contiguous() else h.contiguous(), cos, sin, pos, ck, cv, slots, H, Hkv)  # [B·T, H·D]
-        o = ext.attend(q, ck, cv, slots, start, lens, H, window, scale, False)  # [B·T, H·D]
+        q = ext.rope_kv(h if h.is_contiguous() else h.contiguous(), cos, sin, pos, ck, cv, slots, g.heads,
+                        g.kv_heads)  # [B·T, H·D]
+        o = ext.attend(q, ck, cv, slots, start, lens, g.heads, g.window, g.scale, False)  # [B·T, H·D]
         x = dense(o, residual=x)  # [B·T, d]
         x = proj(fc(x, norm=ln2), residual=x)  # [B·T, d]
         if i in tapset:

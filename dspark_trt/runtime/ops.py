@@ -2,25 +2,27 @@
 the call, so a request's logits do not depend on the batch it is in, on the K it verifies, or on whether its
 prompt was prefilled alone (docs/runtime.md, "Batch invariance").
 
-Owns: the kernel-path switch (`kernel_path`, `use_native`), the pure-torch ("torch") implementations — products
-row by row (one [1, in] product per row, the same call whatever the batch; a long prompt's rows in one product
-of its own), per-query attention spans, per-request long-prompt attention — the torch path's product dtype
-(chosen by measurement), and the dispatch to the C++ kernels of `runtime.native` ("native") when they are built.
-Knows nothing about models or caches beyond the tensors it is handed.
+Owns: the kernel choice — `choose_kernel`, the one function every caller asks "native (which engine) or torch?"
+(the engine itself, amx > avx512 > avx2 > torch by CPUID or DSPARK_NATIVE_ENGINE, is runtime.native's), and
+`kernel_path`, which forces one path inside a block — and the pure-torch ("torch") implementations: products row
+by row (one [1, in] product per row, the same call whatever the batch; a long prompt's rows in one product of its
+own), per-query attention spans, per-request long-prompt attention, the torch path's product dtype (chosen by
+measurement). Knows nothing about models or caches beyond the tensors it is handed.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
 import logging
-import os
 import time
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from dspark_trt.errors import InvalidArgumentError
+from dspark_trt.runtime import native
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +43,6 @@ def kernel_path(name: str) -> Iterator[str]:
     if name not in PATHS:
         raise InvalidArgumentError(f"kernel path must be one of {PATHS}, got {name!r}")
     if name == "native":
-        from dspark_trt.runtime import native
-
         if not native.available():
             raise InvalidArgumentError(f"native kernels are not available here: {native.unavailable_reason()}")
     old, _forced = _forced, name
@@ -52,29 +52,54 @@ def kernel_path(name: str) -> Iterator[str]:
         _forced = old
 
 
-def use_native(t: torch.Tensor) -> bool:
-    """True when `t` (a CPU tensor) goes through the native kernels: built, not disabled, not forced off."""
-    if t.device.type != "cpu":
-        return False
-    if _forced is not None:
-        return _forced == "native"
-    if os.environ.get("DSPARK_NATIVE", "1") == "0":
-        return False
-    from dspark_trt.runtime import native
+@dataclass(frozen=True)
+class Kernel:
+    """`choose_kernel`'s answer: the engine a computation runs on and, for a product, its packing kind there."""
 
-    return native.available()
+    engine: str  # "amx" | "avx512" | "avx2" (runtime.native), or "torch" (this module's path; off the CPU torch's own)
+    kind: native.Pack | None = None  # the product's packing kind on that engine (None: torch, or no weight asked about)
+
+    @property
+    def native(self) -> bool:
+        return self.engine != "torch"
+
+
+TORCH = Kernel("torch")
+_NATIVE_DTYPES = (torch.bfloat16, torch.float32)  # the native kernels' activation (and cache) dtypes
+
+
+def choose_kernel(x: torch.Tensor | torch.dtype, *tensors: torch.Tensor,
+                  weight: torch.Tensor | torch.dtype | None = None, sq: bool = False, autograd: bool = False) -> Kernel:
+    """The one answer to "native (which engine) or torch?" for a computation over activations x (or their dtype, for
+    a plan bound ahead of its calls) and `tensors` (caches, weights), and, with `weight` (a tensor, or its dtype when
+    the weight is made only for the native path), the packing kind of the product x · weightᵀ (sq: SmoothQuant).
+
+    Torch when a tensor is off the CPU, when `autograd` is asked for while autograd records (the native kernels have
+    no backward), inside `kernel_path("torch")`, when runtime.native's engine is torch (no engine runs here,
+    DSPARK_NATIVE=0, DSPARK_NATIVE_ENGINE=torch), for activations other than bf16 / fp32, or when the engine has no
+    packing kind for the weight with these activations (`native.kind_for`); else the engine in use (this thread's
+    `native.use_engine` one inside such a block).
+    """
+    on = [x, *tensors] if isinstance(x, torch.Tensor) else list(tensors)
+    if isinstance(weight, torch.Tensor):
+        on.append(weight)
+    if any(t.device.type != "cpu" for t in on) or (autograd and torch.is_grad_enabled()) or _forced == "torch":
+        return TORCH
+    x_dtype = x if isinstance(x, torch.dtype) else x.dtype
+    engine = native.engine()
+    if engine == "torch" or x_dtype not in _NATIVE_DTYPES:
+        return TORCH
+    if weight is None:
+        return Kernel(engine)
+    kind = native.kind_for(weight if isinstance(weight, torch.dtype) else weight.dtype, x_dtype, sq)
+    return TORCH if kind is None else Kernel(engine, kind)
 
 
 def product(x2: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x2 [M, in] · wᵀ → [M, out] (no bias), row-invariant: the native kernel when it covers the dtypes, else
+    """x2 [M, in] · wᵀ → [M, out] (no bias), row-invariant: the native kernel where `choose_kernel` says so, else
     `tile_linear`."""
-    if use_native(x2):
-        from dspark_trt.runtime import native
-
-        kind = native.kind_for(w, x2.dtype)
-        if kind is not None:
-            return native.linear(x2, w, kind)
-    return tile_linear(x2, w)
+    kern = choose_kernel(x2, weight=w)
+    return native.linear(x2, w, kern.kind) if kern.native else tile_linear(x2, w)
 
 
 # ---------------------------------------------------------------------------------------------------- torch path

@@ -18,7 +18,8 @@ projection. Which path each takes on a torch build is decided once by probing th
 
 When a kernel is missing on the running torch build the layer dequantizes its weight once and runs
 a row-invariant float product (`ops.tile_linear`; same quantization of weights and activations) and says so
-in `.path`.
+in `.path`. W8A16 and SmoothQuant layers run on the native kernels wherever `ops.choose_kernel` sends their
+product (`native_spec`: their tensors as runtime.native.linear's arguments; FP8 has no native form).
 The fused MLP projection (mlp.gate | mlp.fc) is assembled by `load_fused_parts`: rows concatenated,
 per-tensor weight scales turned into a per-row vector. Must not know about files or models.
 """
@@ -34,14 +35,12 @@ from torch import nn
 
 from dspark_trt.errors import CheckpointError
 from dspark_trt.runtime import ops
+from dspark_trt.runtime.layers import FastLinear, LinearFactory, native_linear
 
 log = logging.getLogger(__name__)
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
-
-# (qualified module name, in_features, out_features, bias) -> module, as runtime.model.LinearFactory
-Factory = Callable[[str, int, int, bool], nn.Module]
 
 
 @functools.lru_cache(maxsize=None)
@@ -98,19 +97,9 @@ class _QuantLinear(nn.Module):
         return hit[1]
 
     def native_spec(self, x_dtype: torch.dtype) -> dict | None:
-        """runtime.native.linear arguments for activations of x_dtype, or None (then forward() runs in torch)."""
+        """runtime.native.linear's arguments (but x and the kind) for activations of x_dtype, or None (then forward()
+        runs in torch)."""
         return None
-
-    def _native(self, x2: torch.Tensor) -> torch.Tensor | None:
-        """The native product of forward() (bias and scales included, model dtype), or None off the native path."""
-        if not ops.use_native(x2):
-            return None
-        spec = self.native_spec(x2.dtype)
-        if spec is None:
-            return None
-        from dspark_trt.runtime import native
-
-        return native.linear(x2, **spec)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, path={self.path}"
@@ -159,19 +148,16 @@ class W8A16Linear(_QuantLinear):
         return self.weight.float() * self.weights_scaling_factor.float()[:, None]
 
     def native_spec(self, x_dtype: torch.dtype) -> dict | None:
-        from dspark_trt.runtime import native
-
-        kind = native.kind_for(self.weight, x_dtype)
-        if kind is None or self.dtype != x_dtype:
+        if self.dtype != x_dtype:
             return None
         s = self._derived("native_s", lambda: self.weights_scaling_factor.float().contiguous(),
                           self.weights_scaling_factor)
-        return {"w": self.weight, "kind": kind, "scale": s, "bias": self.bias}
+        return {"w": self.weight, "scale": s, "bias": self.bias}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, self.in_features)  # [M, in]
-        y = self._native(x2)
+        y = native_linear(self, x2)
         if y is not None:
             return y.reshape(*shape[:-1], self.out_features)
         if self.path != "dequantized":
@@ -211,9 +197,7 @@ class W8A8SQLinear(_QuantLinear):
         return self.weight.float() * self.weights_scaling_factor.float()[:, None]
 
     def native_spec(self, x_dtype: torch.dtype) -> dict | None:
-        from dspark_trt.runtime import native
-
-        if native.kind_for(self.weight, x_dtype, sq=True) is None or self.dtype != x_dtype:
+        if self.dtype != x_dtype:
             return None
         a, w, p = self.activation_scaling_factor, self.weights_scaling_factor, self.prequant_scaling_factor
         os_ = self._derived("native_os", lambda: (a.float() * w.float()).contiguous(), a, w)
@@ -231,7 +215,7 @@ class W8A8SQLinear(_QuantLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = self._native(x.reshape(-1, self.in_features))
+        y = native_linear(self, x.reshape(-1, self.in_features))
         if y is not None:
             return y.reshape(*shape[:-1], self.out_features)
         xq = self.quantize_input(x.reshape(-1, self.in_features))  # [M, in] int8
@@ -320,13 +304,11 @@ def is_excluded(name: str, exclude_modules: Sequence[str] | None) -> bool:
 
 
 def make_linear_factory(quant_algo: str | None, dtype: torch.dtype,
-                        exclude_modules: Sequence[str] | None = ("lm_head",)) -> Factory:
+                        exclude_modules: Sequence[str] | None = ("lm_head",)) -> LinearFactory:
     """A runtime LinearFactory: quantized modules for quant_algo, plain nn.Linear for excluded names."""
     if quant_algo is not None and quant_algo not in QUANT_LINEARS:
         raise CheckpointError(f"Quantization {quant_algo!r} is not supported by the reference runtime (supported: "
                               f"{', '.join(QUANT_LINEARS)}); rebuild with --quant none|fp8|int8_sq|w8a16.")
-
-    from dspark_trt.runtime.model import FastLinear
 
     def make(name: str, in_features: int, out_features: int, bias: bool) -> nn.Module:
         if quant_algo is None or is_excluded(name, exclude_modules):  # row-invariant nn.Linear
@@ -350,53 +332,3 @@ def int8_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     w = w.float()
     s = (w.abs().amax(1) / 127).clamp(min=1e-12)  # [out]
     return torch.round(w / s[:, None]).clamp(-127, 127).to(torch.int8), s
-
-
-def rtn_quantize(model: nn.Module, quant_algo: str, calib_ids: torch.Tensor | None = None) -> nn.Module:
-    """A copy of a runtime CausalLM with every projection but lm_head quantized round-to-nearest (weights per output
-    channel, FP8 per tensor; activation scales from max|x| over calib_ids [B, T], default 64 fixed tokens).
-
-    For tests and benchmarks of the quantized kernels (no calibration data set, no SmoothQuant smoothing: prequant
-    scales are 1); real checkpoints come from the ModelOpt export of dspark_trt.builder.
-    """
-    from dspark_trt.runtime.model import CausalLM, iter_linears
-
-    if quant_algo not in QUANT_LINEARS:
-        raise CheckpointError(f"rtn_quantize: unknown quantization {quant_algo!r} (one of {', '.join(QUANT_LINEARS)}).")
-    assert isinstance(model, CausalLM)
-    amax: dict[str, float] = {}
-    hooks = []
-    for name, mod in iter_linears(model):
-        def hook(_m: nn.Module, args: tuple, _out: object, name: str = name) -> None:
-            amax[name] = max(amax.get(name, 0.0), float(args[0].detach().abs().max()))
-        hooks.append(mod.register_forward_hook(hook))
-    ids = calib_ids if calib_ids is not None else (torch.arange(64) * 7919 % model.config.vocab_size).view(1, -1)
-    from dspark_trt.runtime import ops
-
-    try:
-        with ops.kernel_path("torch"):  # the torch path calls the projection modules (the hooks see their inputs)
-            model(ids, model.new_cache(ids.shape[0], ids.shape[1]), list(range(ids.shape[0])), logits="none")
-    finally:
-        for h in hooks:
-            h.remove()
-    state = model.trtllm_state_dict()  # mlp.fc / mlp.gate unfused
-    for name, _mod in iter_linears(model):
-        if name == "lm_head":
-            continue
-        parts = [name[:-len("fused_fc")] + p for p in ("gate", "fc")] if name.endswith("fused_fc") else [name]
-        a = max(amax.get(name, 1.0), 1e-6)
-        for part in parts:
-            w = state[part + ".weight"].float()
-            if quant_algo == "FP8":
-                s = (w.abs().max() / FP8_MAX).clamp(min=1e-12).reshape(1)
-                state[part + ".weight"] = (w / s).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-                state[part + ".activation_scaling_factor"] = torch.tensor([a / FP8_MAX])
-            else:
-                state[part + ".weight"], s = int8_rows(w)
-                if quant_algo == "W8A8_SQ_PER_CHANNEL":
-                    state[part + ".activation_scaling_factor"] = torch.tensor([a / 127])
-                    state[part + ".prequant_scaling_factor"] = torch.ones(w.shape[1])
-            state[part + ".weights_scaling_factor"] = s
-    q = CausalLM(model.config, dtype=model.dtype, linear_factory=make_linear_factory(quant_algo, model.dtype))
-    q.load_trtllm_state_dict(state, source=f"rtn_quantize({quant_algo})")
-    return q

@@ -181,7 +181,7 @@ _QMODELS: dict[tuple[str, str], CausalLM] = {}
 @given(data=st.data())
 def test_quantized_batch_invariant(tiny_pair, kernels: str, dname: str, algo: str, data) -> None:  # noqa: ANN001
     """W8A16, INT8-SQ and FP8 projections (round-to-nearest quantized tiny target) keep the property."""
-    from dspark_trt.runtime.quant_linear import rtn_quantize
+    from dspark_trt.testing.quantize import rtn_quantize
 
     key = (dname, algo)
     if key not in _QMODELS:

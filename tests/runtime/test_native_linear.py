@@ -43,13 +43,13 @@ def _reference(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tenso
 def _run(x: torch.Tensor, w: torch.Tensor, amx: bool, **kw) -> torch.Tensor:  # noqa: ANN003
     native.set_amx(amx)
     try:
-        return native.linear(x, w, native.P_I8Q, **kw)
+        return native.linear(x, w, native.Pack.I8Q, **kw)
     finally:
         native.set_amx(True)
 
 
 def test_w8a16_picks_limb_products() -> None:
-    assert native.kind_for(torch.zeros(2, 2, dtype=torch.int8), torch.bfloat16) == native.P_I8Q
+    assert native.kind_for(torch.int8, torch.bfloat16) == native.Pack.I8Q
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -66,18 +66,18 @@ def test_limb_product_is_exact_and_engine_independent(shape: tuple[int, int, int
 @pytest.mark.parametrize("shape", SHAPES)
 def test_limb_product_rows_are_batch_invariant(shape: tuple[int, int, int]) -> None:
     x, w, s = _inputs(*shape, seed=7 + sum(shape))
-    full = native.linear(x, w, native.P_I8Q, scale=s)  # [M, N]
+    full = native.linear(x, w, native.Pack.I8Q, scale=s)  # [M, N]
     for m in range(x.shape[0]):
-        alone = native.linear(x[m:m + 1].contiguous(), w, native.P_I8Q, scale=s)  # [1, N]
+        alone = native.linear(x[m:m + 1].contiguous(), w, native.Pack.I8Q, scale=s)  # [1, N]
         assert torch.equal(alone[0], full[m]), f"row {m} differs alone vs in a batch of {x.shape[0]}"
-    sub = native.linear(x[1:].contiguous(), w, native.P_I8Q, scale=s) if x.shape[0] > 1 else None
+    sub = native.linear(x[1:].contiguous(), w, native.Pack.I8Q, scale=s) if x.shape[0] > 1 else None
     if sub is not None:
         assert torch.equal(sub, full[1:]), "rows shifted by one in the batch differ"
 
 
 def test_limb_product_close_to_dequantized() -> None:
     x, w, s = _inputs(9, 960, 576, seed=3)
-    y = native.linear(x, w, native.P_I8Q, scale=s).float()
+    y = native.linear(x, w, native.Pack.I8Q, scale=s).float()
     ref = x.float() @ (w.float() * s[:, None]).T  # [M, N]
     torch.testing.assert_close(y, ref, rtol=1 / 128, atol=1e-3 * float(ref.abs().max()))
 
@@ -91,13 +91,13 @@ def test_limb_product_epilogues(m: int) -> None:
     # RMSNorm prologue (HF numerics) == the product of the normed rows
     h = x.float()
     normed = ((h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)).bfloat16().float() * nw.float()).bfloat16()
-    assert torch.equal(native.linear(x, w, native.P_I8Q, scale=s, norm=nw, eps=1e-5),
-                       native.linear(normed, w, native.P_I8Q, scale=s))
+    assert torch.equal(native.linear(x, w, native.Pack.I8Q, scale=s, norm=nw, eps=1e-5),
+                       native.linear(normed, w, native.Pack.I8Q, scale=s))
     # SwiGLU: up = rows [0, N/2), SiLU input = rows [N/2, N); then + residual
     y = _reference(x, w, s).float()  # [M, 64]
     up, fc = y[:, :32], y[:, 32:]
     expect = ((up * torch.nn.functional.silu(fc).bfloat16().float()).bfloat16().float() + res.float()).bfloat16()
-    got = native.linear(x, w, native.P_I8Q, scale=s, swiglu=True, residual=res)
+    got = native.linear(x, w, native.Pack.I8Q, scale=s, swiglu=True, residual=res)
     torch.testing.assert_close(got.float(), expect.float(), rtol=2 ** -7, atol=1e-30)
     for amx in (False, True):
         assert torch.equal(_run(x, w, amx, scale=s, swiglu=True, residual=res), got), f"amx={amx} SwiGLU differs"

@@ -18,12 +18,11 @@ from typing import Sequence
 import torch
 from torch import nn
 
-import torch.nn.functional as F
-
 from dspark_trt.errors import DrafterError
-from dspark_trt.runtime import dispatch
+from dspark_trt.runtime import dispatch, native, ops
 from dspark_trt.runtime.drafters.config import DSparkConfig
 from dspark_trt.runtime.drafters.layers import DSparkLayer, RMSNorm, native_product
+from dspark_trt.runtime.quant_linear import int8_rows
 from dspark_trt.spec_decode.protocols import DraftBlock, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -146,28 +145,24 @@ class DSparkModel(nn.Module):
         _, head = self._need_target()
         u = self._int8_head_logits(h, head)
         if u is None:
-            u = native_product(h, head, out_f32=True) if head.dtype == h.dtype else None  # packed once per head
+            u = native_product(h, head, out_f32=True)  # packed once per head
         return (h @ head.to(h.dtype).t()).float() if u is None else u
 
     def _int8_head_logits(self, h: torch.Tensor, head: torch.Tensor) -> torch.Tensor | None:
         """U from the int8 copy of the head (round to nearest, scale = row absmax / 127), on the native W8A16 limb
-        products; None unless int8_head is on and h is a bf16 CPU inference activation the native kernels cover."""
-        if not self.int8_head or torch.is_grad_enabled() or h.device.type != "cpu" or h.dtype != torch.bfloat16:
+        products; None unless int8_head is on and `ops.choose_kernel` puts an int8 product of these activations (bf16
+        CPU inference) on the exact limb kind."""
+        if not self.int8_head:
             return None
-        from dspark_trt.runtime import native, ops
-        from dspark_trt.runtime.quant_linear import int8_rows
-
-        if not ops.use_native(h):
+        kern = ops.choose_kernel(h, head, weight=torch.int8, autograd=True)
+        if kern.kind != native.Pack.I8Q:
             return None
         key = (head.data_ptr(), head._version)
         if self._head_q is None or self._head_q[0] != key:
             self._head_q = (key, *int8_rows(head))  # int8 [Vd, d], scale [Vd]
         w8, scale = self._head_q[1], self._head_q[2]
-        kind = native.kind_for(w8, h.dtype)
-        if kind != native.P_I8Q:
-            return None
         h2 = h.reshape(-1, h.shape[-1])  # [M, d]
-        return native.linear(h2, w8, kind, scale=scale, out_f32=True).view(*h.shape[:-1], -1)  # [..., Vd] f32
+        return native.linear(h2, w8, kern.kind, scale=scale, out_f32=True).view(*h.shape[:-1], -1)  # [..., Vd] f32
 
     def markov_embed(self, prev: torch.Tensor) -> torch.Tensor | None:
         """prev [...] target ids → W1[prev] [..., r] (None without a Markov head)."""
@@ -297,15 +292,13 @@ class DSparkDrafter:
                 self._v[li][slot, :, p0:p0 + n] = v[0]
 
     def _native_ok(self, span: int) -> bool:
-        """Whether the backbone runs on the native kernels: built and on (runtime.ops), plain layers in a dtype they
-        cover, and room past the context for the block's scratch KV."""
-        from dspark_trt.runtime import native, ops
-
+        """Whether the backbone runs on the native kernels (DSparkModel.backbone_native): `ops.choose_kernel` says so
+        for its products, every layer is one they take (DSparkLayer.native_ready), and there is room past the
+        context for the block's scratch KV."""
         m = self.model
-        if self.device.type != "cpu" or span > self.max_seq or not ops.use_native(m.fc.weight):
-            return False
         w = m.layers[0].q_proj.weight
-        return native.kind_for(w, w.dtype) is not None and all(layer.native_ready() for layer in m.layers)
+        return (span <= self.max_seq and all(layer.native_ready() for layer in m.layers)
+                and ops.choose_kernel(w, m.fc.weight, weight=w).native)
 
     def _backbone_torch(self, s: list[int], lens: torch.Tensor, anchors: torch.Tensor, C: int) -> torch.Tensor:
         """The backbone on torch ops (DSparkLayer.forward) over the slots' context KV → [B, G, d]."""

@@ -3,9 +3,9 @@ attention keys/values are [Wk·ctx; Wk·h] (target context features, then the bl
 
 Owns the attention arithmetic only; masks are built by the caller (dspark.py): a boolean mask
 [B, Q, C+Q] where True = may attend. Without autograd on the CPU (inference: propose / extend_context) the
-projections run on runtime.native's row-invariant kernels (`native_product`; q|k|v and up|gate fused, residual and
-SwiGLU in the epilogue) — the same math as the nn.Linear path training uses, rounded by another kernel. Knows
-nothing about caches, slots or training.
+projections run on runtime.native's row-invariant kernels wherever `ops.choose_kernel` sends them (`native_product`;
+q|k|v and up|gate fused, residual and SwiGLU in the epilogue) — the same math as the nn.Linear path training uses,
+rounded by another kernel. Knows nothing about caches, slots or training.
 """
 from __future__ import annotations
 
@@ -15,23 +15,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dspark_trt.runtime import native, ops
+
 
 def native_product(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None, swiglu: bool = False,
                    out_f32: bool = False) -> torch.Tensor | None:
     """x [..., in] · wᵀ [..., out] on the native kernels (swiglu: first half · SiLU(second half); + residual; fp32
-    output), or None when they do not apply (autograd on, another device or dtype, or not built)."""
-    if torch.is_grad_enabled() or x.device.type != "cpu" or w.dtype != x.dtype:
-        return None
-    from dspark_trt.runtime import native, ops
-
-    if not ops.use_native(x):
-        return None
-    kind = native.kind_for(w, x.dtype)
-    if kind is None:
+    output), or None where `ops.choose_kernel` answers torch (autograd recording, another device or dtype, not
+    built) or w is not in x's dtype (the product is unscaled)."""
+    kern = ops.choose_kernel(x, weight=w, autograd=True)
+    if not kern.native or w.dtype != x.dtype:
         return None
     x2 = x.reshape(-1, x.shape[-1])  # [M, in]
     r2 = None if residual is None else residual.reshape(x2.shape[0], -1).contiguous()
-    y = native.linear(x2, w, kind, residual=r2, swiglu=swiglu, out_f32=out_f32)
+    y = native.linear(x2, w, kern.kind, residual=r2, swiglu=swiglu, out_f32=out_f32)
     return y.view(*x.shape[:-1], y.shape[-1])
 
 
@@ -150,8 +147,6 @@ class DSparkLayer(nn.Module):
         (positions starts..starts+Q−1: scratch the next context extension overwrites); each query sees its row's
         context and the whole block, in an attention of its own row (batch-invariant). RMSNorms fused into the
         products that read them."""
-        from dspark_trt.runtime import native
-
         ln1, ln2 = self.input_layernorm, self.post_attention_layernorm
         qkv = native.linear(h, fused_weight(self, "qkv", [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]),
                             norm=ln1.weight, eps=ln1.eps)  # [B·Q, (H + 2·Hkv)·hd]

@@ -9,13 +9,16 @@ fp32 accumulation order lane for lane), so decode == verify and batched == alone
 Owns: choosing the engine by CPUID when the kernels first load (`DSPARK_NATIVE_ENGINE` = amx | avx512 | avx2 |
 torch forces one, `DSPARK_NATIVE=0` means torch), logging the choice once, building and caching each engine's
 extension under $DSPARK_CACHE/native (one build per kernel source, torch version, flags and CPU), the packed-weight
-cache (weights re-laid out once per tensor version, see linear.h), the AMX switch, and typed wrappers `linear`,
-`rope_kv`, `attend`, `markov_greedy`. Every failure to build is logged once and moves to the next engine. Knows
+cache (weights re-laid out once per tensor version, see linear.h), the packing kinds (`Pack`: their one definition,
+handed to every C++ build as -DDSPARK_P_* flags), each engine's product coverage (`kind_for`), the AMX switch, and
+typed wrappers `linear`, `rope_kv`, `attend`, `markov_greedy`. Every failure to build is logged once and moves to the
+next engine. Whether a computation runs here or on the torch path is `runtime.ops.choose_kernel`'s answer. Knows
 nothing about models.
 """
 from __future__ import annotations
 
 import contextlib
+import enum
 import fcntl
 import hashlib
 import logging
@@ -34,7 +37,21 @@ log = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 ENGINES = ("amx", "avx512", "avx2")  # best first; "torch" when none runs
-COMMON_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-DNDEBUG"]
+
+
+class Pack(enum.IntEnum):
+    """Packing kinds of a product's weight (layouts: linear.h); plan.h's `enum Pack` takes these values."""
+
+    BF16 = 0  # bf16 weight, bf16 activations
+    F32 = 1  # fp32 weight, fp32 activations
+    I8P = 2  # W8A16 with bf16 activations, widened exactly to bf16 (no exact int8 products: no VNNI)
+    I8F = 3  # W8A16 with fp32 activations
+    SQ = 4  # SmoothQuant: int8 x int8
+    I8Q = 5  # W8A16 with bf16 activations as exact integer limb products
+
+
+PACK_FLAGS = [f"-DDSPARK_P_{k.name}={k.value}" for k in Pack]
+COMMON_FLAGS = ["-O3", "-fopenmp", "-ffp-contract=off", "-fno-math-errno", "-DNDEBUG", *PACK_FLAGS]
 
 
 @dataclass(frozen=True)
@@ -49,8 +66,8 @@ class Build:
 
 
 BUILDS = {
-    "avx512": Build("avx512", ("module.cpp", "pack.cpp", "linear.cpp", "linear_fma.cpp", "attention.cpp", "draft.cpp",
-                     "markov.cpp"),
+    "avx512": Build("avx512", ("module.cpp", "pack.cpp", "linear.cpp", "linear_amx.cpp", "linear_fma.cpp",
+                               "attention.cpp", "draft.cpp", "markov.cpp"),
                     ("common.h", "plan.h", "simd512.h", "linear.h", "rope.h", "attend.h"), ("-march=native",),
                     frozenset({"avx512f", "avx512bw", "avx512vl"})),
     # x86-64-v3 exactly (no AVX-512 even where the CPU has it); hidden symbols: both builds can share a process
@@ -61,8 +78,6 @@ BUILDS = {
 }
 ENGINE_BUILD = {"amx": "avx512", "avx512": "avx512", "avx2": "avx2"}
 AMX_FLAGS = frozenset({"amx_tile", "amx_bf16", "amx_int8"})
-# packing kinds, as plan.h `enum Pack`
-P_BF16, P_F32, P_I8P, P_I8F, P_SQ, P_I8Q = 0, 1, 2, 3, 4, 5
 
 _lock = threading.RLock()
 _state: dict[str, Any] = {"ext": None, "engine": None, "reason": None}
@@ -324,18 +339,19 @@ def amx_active() -> bool:
     return ext is not None and bool(ext.amx_active())
 
 
-def kind_for(w: torch.Tensor, x_dtype: torch.dtype, sq: bool = False) -> int | None:
-    """Packing kind for weight w with activations of x_dtype, or None when the native kernels do not cover it."""
+def kind_for(w_dtype: torch.dtype, x_dtype: torch.dtype, sq: bool = False) -> Pack | None:
+    """The engine's packing kind for a w_dtype weight with x_dtype activations (sq: SmoothQuant int8 activations),
+    or None when its products do not cover them."""
     if sq:
-        return P_SQ if w.dtype == torch.int8 and has_vnni() and x_dtype in (torch.bfloat16, torch.float32) else None
-    if w.dtype == torch.int8:  # bf16 activations: exact limb products on int8 where VNNI is (no widening)
-        return {torch.bfloat16: P_I8Q if has_vnni() else P_I8P, torch.float32: P_I8F}.get(x_dtype)
-    if w.dtype != x_dtype:
+        return Pack.SQ if w_dtype == torch.int8 and has_vnni() and x_dtype in (torch.bfloat16, torch.float32) else None
+    if w_dtype == torch.int8:  # bf16 activations: exact limb products on int8 where VNNI is (no widening)
+        return {torch.bfloat16: Pack.I8Q if has_vnni() else Pack.I8P, torch.float32: Pack.I8F}.get(x_dtype)
+    if w_dtype != x_dtype:
         return None
-    return {torch.bfloat16: P_BF16, torch.float32: P_F32}.get(w.dtype)
+    return {torch.bfloat16: Pack.BF16, torch.float32: Pack.F32}.get(w_dtype)
 
 
-def packed(w: torch.Tensor, kind: int, swiglu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def packed(w: torch.Tensor, kind: Pack, swiglu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The packed copy of w for kind (cached on the tensor; redone when w is modified in place or moved)."""
     try:
         version = w._version
@@ -351,7 +367,7 @@ def packed(w: torch.Tensor, kind: int, swiglu: bool = False) -> tuple[torch.Tens
     return pk, rowsum
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, kind: int | None = None, *, bias: torch.Tensor | None = None,
+def linear(x: torch.Tensor, w: torch.Tensor, kind: Pack | None = None, *, bias: torch.Tensor | None = None,
            bias_f32: bool = False, scale: torch.Tensor | None = None, residual: torch.Tensor | None = None,
            norm: torch.Tensor | None = None, eps: float = 0.0, swiglu: bool = False, out_f32: bool = False,
            sq: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
@@ -360,10 +376,10 @@ def linear(x: torch.Tensor, w: torch.Tensor, kind: int | None = None, *, bias: t
     Epilogue order (torch / HF numerics): optional RMSNorm of x (norm = its weight), product in fp32, · scale [N],
     + bias (model dtype after rounding, or fp32 before it with bias_f32), round to the model dtype, SwiGLU, + residual
     [M, Nout]; out_f32 returns the rounded values as float32. sq = (prequant scale [K] fp32, activation scale):
-    SmoothQuant int8 activations and exact int32 products.
+    SmoothQuant int8 activations and exact int32 products. kind: the product's packing kind (default `kind_for`'s).
     """
     ext = _ext()
-    k = kind if kind is not None else kind_for(w, x.dtype, sq is not None)
+    k = kind if kind is not None else kind_for(w.dtype, x.dtype, sq is not None)
     if ext is None or k is None:
         raise RuntimeError("native.linear called without native support for these dtypes")
     pk, rowsum = packed(w, k, swiglu)
@@ -389,13 +405,13 @@ def attend(q: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor, slots: torch.Ten
 
 
 def markov_greedy(u: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-                  d2t: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+                  d2t: torch.Tensor | None, kind: Pack | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy DSpark Markov block (draft.cpp): u [B, γ, Vd] f32, anchor [B] long target ids, W1 [Vt, r], W2 [Vd, r]
-    in one param dtype, d2t [Vd] long | None → (draft-vocab ids [B, γ], target ids [B, γ]); None when the native
-    kernels do not cover these dtypes."""
-    k = kind_for(w2, w2.dtype) if w1.dtype == w2.dtype else None
-    if _ext() is None or k is None:
-        return None
+    in one float dtype (the bias W2·W1[x] is unscaled), d2t [Vd] long | None → (draft-vocab ids [B, γ], target ids
+    [B, γ]). kind: the W2 product's packing kind (default `kind_for`'s)."""
+    k = kind if kind is not None else kind_for(w2.dtype, w1.dtype)
+    if _ext() is None or k is None or w1.dtype != w2.dtype:
+        raise RuntimeError("native.markov_greedy called without native support for these dtypes")
     pk, rowsum = packed(w2, k)
     out = _ext().markov_greedy(u.float().contiguous(), anchor.long().contiguous(), w1.contiguous(), pk, rowsum,  # type: ignore[union-attr]
                                k, w2.shape[0], None if d2t is None else d2t.long().contiguous())

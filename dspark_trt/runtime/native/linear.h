@@ -1,5 +1,6 @@
-// Shared parts of the native products (linear.cpp: packing, staging, AMX engine, linear(); linear_fma.cpp: the
-// AVX-512 FMA engine): packing kinds, the plan of one call and the epilogue both engines end in.
+// Shared parts of the AVX-512 build's products (linear.cpp: staging and linear(); linear_amx.cpp: the AMX engine;
+// linear_fma.cpp: the AVX-512 FMA engine; pack.cpp: the packing): the epilogue both engines end in and their entry
+// points. Packing kinds and the plan of one call: plan.h.
 //
 // The products: y = epilogue(x · wᵀ) for bf16, fp32, W8A16 (int8 weight,
 // per-row scale) and SmoothQuant (int8 x int8) weights, with fused RMSNorm (prologue), scale, bias, SwiGLU, residual.
@@ -112,6 +113,12 @@ inline __m512 limb_sum(const __m512i* d, double s) {
 
 // FMA engine (linear_fma.cpp): weight blocks [b0, b1) for every activation row
 void fma_blocks_any(const LinearPlan& p, int64_t b0, int64_t b1);
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AMX_INT8__)
+#define DSPARK_AMX 1  // the compiler targets AMX tiles (whether the CPU and kernel allow them: amx_active())
+// AMX engine (linear_amx.cpp): weight blocks [b0, b1) for every 16-row activation tile
+void amx_blocks(const LinearPlan& p, int64_t b0, int64_t b1);
+#endif
 
 }  // namespace lin
 }  // namespace dspark

@@ -8,7 +8,7 @@ using namespace lin;
 
 std::vector<at::Tensor> pack_weight(const at::Tensor& w, int64_t kind, bool swiglu) {
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous(), "pack_weight: contiguous [N, K]");
-  TORCH_CHECK(kind >= P_BF16 && kind <= P_I8Q, "pack_weight: unknown kind");
+  TORCH_CHECK(known_kind(kind), "pack_weight: unknown kind");
   TORCH_CHECK(kInt8Products || !quads(static_cast<int>(kind)), "pack_weight: int8 x int8 products need AVX512_VNNI and AVX512DQ");
   const int64_t N = w.size(0), K = w.size(1), g = kgroup(static_cast<int>(kind)), al = kalign(static_cast<int>(kind));
   const int64_t Kp = (K + al - 1) / al * al, half = N / 2;

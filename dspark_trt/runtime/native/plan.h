@@ -7,7 +7,19 @@
 namespace dspark {
 namespace lin {
 
-enum Pack { P_BF16 = 0, P_F32 = 1, P_I8P = 2, P_I8F = 3, P_SQ = 4, P_I8Q = 5 };
+// Packing kinds. Their values are defined once, on the Python side (runtime/native/__init__.py `Pack`), and reach
+// the compiler as -DDSPARK_P_<NAME>=<value> flags of every build.
+#if !defined(DSPARK_P_BF16) || !defined(DSPARK_P_F32) || !defined(DSPARK_P_I8P) || !defined(DSPARK_P_I8F) || \
+    !defined(DSPARK_P_SQ) || !defined(DSPARK_P_I8Q)
+#error "build through dspark_trt.runtime.native: it defines the packing kinds (-DDSPARK_P_*)"
+#endif
+enum Pack {
+  P_BF16 = DSPARK_P_BF16, P_F32 = DSPARK_P_F32, P_I8P = DSPARK_P_I8P, P_I8F = DSPARK_P_I8F, P_SQ = DSPARK_P_SQ,
+  P_I8Q = DSPARK_P_I8Q
+};
+inline bool known_kind(int64_t kind) {
+  return kind == P_BF16 || kind == P_F32 || kind == P_I8P || kind == P_I8F || kind == P_SQ || kind == P_I8Q;
+}
 inline bool quads(int kind) { return kind == P_SQ || kind == P_I8Q; }  // int8 x int8 products on k-quads
 inline int kgroup(int kind) { return quads(kind) ? 4 : (kind == P_BF16 || kind == P_I8P) ? 2 : 1; }
 inline int64_t kalign(int kind) { return quads(kind) ? 64 : (kind == P_BF16 || kind == P_I8P) ? 32 : 1; }
@@ -52,7 +64,7 @@ inline at::Tensor make_plan(const at::Tensor& x, const at::Tensor& packed, const
   TORCH_CHECK(is_bf16 || x.scalar_type() == at::kFloat, "linear: bf16 or fp32 activations");
   const bool pair = kind == P_BF16 || kind == P_I8P;
   *pre = nullptr;
-  TORCH_CHECK(kind >= P_BF16 && kind <= P_I8Q, "linear: unknown kind");
+  TORCH_CHECK(known_kind(kind), "linear: unknown kind");
   TORCH_CHECK(kind == P_SQ || (kind == P_I8Q ? is_bf16 : pair == is_bf16), "linear: packing does not match the activation dtype");
   p.M = x.size(0);
   p.K = x.size(1);
