@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from dspark_trt.errors import InvalidArgumentError
+from dspark_trt.train.onpolicy import OnPolicyConfig
 from dspark_trt.train.trainer import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, default=D.max_steps, help="step budget (0 = from --max-minutes)")
     p.add_argument("--train-tokens", type=int, default=0,
                    help="train on a seeded subset of about this many answer tokens (0 = all; nested across budgets)")
+    p.add_argument("--onpolicy-every", type=int, default=0,
+                   help="on-policy phase: roll the greedy loop over training sequences every N steps and train on its "
+                        "anchors, weighted by what the loop reaches (0 = supervised only)")
+    p.add_argument("--onpolicy-start", type=int, default=0, help="first step of the on-policy phase")
+    p.add_argument("--onpolicy-frac", type=float, default=0.5, help="share of on-policy batches (rest: replay)")
+    p.add_argument("--reject-weight", type=float, default=2.0, help="loss weight of a block's first rejected slot")
     p.add_argument("--max-tokens", type=int, default=D.max_tokens, help="corpus token budget for feature caching")
     p.add_argument("--lr", type=float, default=D.lr)
     p.add_argument("--batch-seqs", type=int, default=D.batch_seqs)
@@ -96,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
                               markov_rank=args.markov_rank, draft_vocab_size=args.draft_vocab,
                               max_minutes=args.max_minutes, max_steps=args.max_steps, max_tokens=args.max_tokens,
                               train_tokens=args.train_tokens,
+                              onpolicy=OnPolicyConfig(every=args.onpolicy_every, start=args.onpolicy_start,
+                                                      frac=args.onpolicy_frac, reject_weight=args.reject_weight),
                               lr=args.lr, batch_seqs=args.batch_seqs, anchors=args.anchors, seed=args.seed,
                               threads=args.threads)
     torch.set_num_threads(cfg.threads)

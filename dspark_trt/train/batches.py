@@ -22,7 +22,7 @@ class Batch:
     anchors: torch.Tensor  # [B, A] long (window-relative)
     topk_ids: torch.Tensor  # [B, A, γ, k] long target ids
     topk_logp: torch.Tensor  # [B, A, γ, k] float32
-    valid: torch.Tensor  # [B, A, γ] bool
+    valid: torch.Tensor  # [B, A, γ] bool, or float loss weights (0 = ignored)
 
 
 @dataclass(frozen=True)
@@ -76,24 +76,37 @@ def make_batch(stores: Sequence[FeatureStore], refs: Sequence[SeqRef], rng: np.r
         w0 = int(rng.integers(lo_w, hi_w + 1)) if hi_w > lo_w else max(0, min(lo_w, hi_w))
         lo, hi = max(1, start - w0), Lw - gamma
         anc = np.sort(rng.integers(lo, hi + 1, size=anchors))
-        rows.append((st, a0 + w0, Lw, anc))
+        rows.append((ref, w0, Lw, anc))
+    return gather_batch(stores, rows, gamma)
+
+
+def gather_batch(stores: Sequence[FeatureStore], rows: Sequence[tuple[SeqRef, int, int, np.ndarray]], gamma: int,
+                 weights: Sequence[np.ndarray] | None = None) -> Batch:
+    """Rows (ref, window start w0, window length Lw, anchors [A] window-relative) → Batch; weights [A, γ] per row
+    (float loss weights, e.g. the on-policy reach) or all ones."""
     L = max(r[2] for r in rows)
+    A = len(rows[0][3])
     B, F = len(rows), stores[0].features.shape[1]
     k = stores[0].topk_ids.shape[1]
     feats = torch.zeros(B, L, F, dtype=torch.bfloat16)
     toks = torch.zeros(B, L, dtype=torch.long)
-    anc_t = torch.zeros(B, anchors, dtype=torch.long)
-    tk_ids = torch.zeros(B, anchors, gamma, k, dtype=torch.long)
-    tk_lp = torch.zeros(B, anchors, gamma, k, dtype=torch.float32)
+    anc_t = torch.zeros(B, A, dtype=torch.long)
+    tk_ids = torch.zeros(B, A, gamma, k, dtype=torch.long)
+    tk_lp = torch.zeros(B, A, gamma, k, dtype=torch.float32)
     offs = np.arange(gamma)
-    for r, (st, g0, Lw, anc) in enumerate(rows):
+    for r, (ref, w0, Lw, anc) in enumerate(rows):
+        st = stores[ref.store]
+        g0 = st.seq(ref.index)[0] + w0
         feats[r, :Lw] = st.feature_rows(g0, g0 + Lw)
         toks[r, :Lw] = torch.from_numpy(st.tokens[g0:g0 + Lw].astype(np.int64))
         anc_t[r] = torch.from_numpy(anc)
         pos = g0 + anc[:, None] + offs[None, :]  # [A, γ] global positions of the slot targets
         tk_ids[r] = torch.from_numpy(st.topk_ids[pos].astype(np.int64))
         tk_lp[r] = torch.from_numpy(st.topk_logp[pos].astype(np.float32))
-    valid = torch.ones(B, anchors, gamma, dtype=torch.bool)
+    if weights is None:
+        valid = torch.ones(B, A, gamma, dtype=torch.bool)
+    else:
+        valid = torch.from_numpy(np.stack(weights).astype(np.float32))  # [B, A, γ]
     return Batch(feats, toks, anc_t, tk_ids, tk_lp, valid)
 
 

@@ -34,7 +34,7 @@ def dspark_loss(logits: torch.Tensor, conf_logit: torch.Tensor | None, topk_ids:
                 topk_logp: torch.Tensor, t2d: torch.Tensor, valid: torch.Tensor,
                 w: LossWeights = LossWeights(), with_acc: bool = True) -> LossOut:
     """logits [N, γ, Vd] float32 (U + Markov bias), conf_logit [N, γ] | None, topk_ids [N, γ, k] target ids,
-    topk_logp [N, γ, k], t2d [V] long (draft id or −1), valid [N, γ] bool → LossOut.
+    topk_logp [N, γ, k], t2d [V] long (draft id or −1), valid [N, γ] bool or float weights → LossOut.
 
     Only two passes touch the full [N, γ, Vd] tensor (log_softmax and one gather): CE and L1 need the
     draft's log-probs at the teacher's top-k ids only (the top-1 is the CE label; the tail mass is
@@ -49,7 +49,8 @@ def dspark_loss(logits: torch.Tensor, conf_logit: torch.Tensor | None, topk_ids:
     tail_t = (1.0 - p_t.sum(-1)).clamp(min=0.0)  # target mass outside top-k
     tail_d = (1.0 - pd_on.sum(-1)).clamp(min=0.0)  # draft mass outside top-k
     l1 = (pd_on - p_t).abs().sum(-1) + (tail_d - tail_t).abs()  # [N, γ], in [0, 2]
-    ce_ok = in_d[..., 0] & valid  # CE label = the teacher's top-1, when it is in the draft vocabulary
+    on = valid > 0  # valid: bool, or float weights (the on-policy reach)
+    ce_ok = in_d[..., 0] & on  # CE label = the teacher's top-1, when it is in the draft vocabulary
     vf = valid.float()
     pos_w = torch.exp(-torch.arange(G, device=logits.device, dtype=torch.float32) / w.decay)  # [γ]
     denom = vf.sum().clamp(min=1.0)
@@ -64,8 +65,8 @@ def dspark_loss(logits: torch.Tensor, conf_logit: torch.Tensor | None, topk_ids:
     if with_acc:
         with torch.no_grad():
             label = torch.where(in_d[..., 0], dids[..., 0], torch.full_like(dids[..., 0], -100))
-            hit = (logits.argmax(-1) == label) & valid
-            acc = hit.float().sum(0) / vf.sum(0).clamp(min=1.0)
+            hit = (logits.argmax(-1) == label) & on
+            acc = hit.float().sum(0) / on.float().sum(0).clamp(min=1.0)
     return LossOut(total, ce.detach(), l1_term.detach(), bce.detach(), acc)
 
 

@@ -30,6 +30,7 @@ from dspark_trt.train.calibrate import CalibrationReport, sts
 from dspark_trt.train.features import FeatureStore
 from dspark_trt.train.loss import LossWeights, dspark_loss, make_t2d
 from dspark_trt.train.model_init import frequent_tokens, init_from_target, new_config
+from dspark_trt.train.onpolicy import OnPolicyConfig, onpolicy_batch, path_tau, rollout
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class TrainConfig:
     max_tokens: int = 2_000_000
     train_tokens: int = 0  # > 0: train on a seeded subset of about this many answer tokens (the data → τ curve)
     loss: LossWeights = field(default_factory=LossWeights)
+    onpolicy: OnPolicyConfig = field(default_factory=OnPolicyConfig)  # loop-path batches mixed with replay
     autocast_bf16: bool = True
 
 
@@ -205,6 +207,8 @@ def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_
     t0, last_ckpt = time.time() - elapsed, time.time()
     s0, ts0 = step, time.time()  # this session's start (for the step-time estimate)
     history: list[dict[str, Any]] = []
+    rollouts: list[dict[str, Any]] = []  # on-policy refreshes: the rolled-out loop's τ on training sequences
+    paths: list = []
     bar = tqdm(total=total or None, initial=step, desc="train", unit="step")
     ema = None
     best_tau, best_step, best_state = -1.0, -1, None
@@ -219,9 +223,19 @@ def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_
             log.debug("schedule: %d steps in %.1f min", total, cfg.max_minutes)
         for g in opt.param_groups:
             g["lr"] = _lr(cfg, step, total or 10**9)
+        op = cfg.onpolicy
+        if op.every and step >= op.start and (step - op.start) % op.every == 0:  # roll the loop with these weights
+            r = np.random.default_rng([cfg.seed, step, 1])
+            paths = rollout(model, stores, [train_refs[j] for j in r.integers(0, len(train_refs), size=op.seqs)],
+                            cfg.gamma, cfg.max_len, cfg.autocast_bf16)
+            rollouts.append({"step": step, "paths": len(paths), "loop_tau": round(path_tau(paths), 3)})
+            log.info("on-policy rollout: %s", rollouts[-1])
         rng = np.random.default_rng([cfg.seed, step])
-        pick = [train_refs[j] for j in rng.integers(0, len(train_refs), size=cfg.batch_seqs)]
-        b = _to(make_batch(stores, pick, rng, cfg.anchors, cfg.gamma, cfg.max_len), dev)
+        if paths and rng.random() < op.frac:
+            b = _to(onpolicy_batch(stores, paths, rng, cfg.batch_seqs, cfg.anchors, cfg.gamma, op.reject_weight), dev)
+        else:
+            pick = [train_refs[j] for j in rng.integers(0, len(train_refs), size=cfg.batch_seqs)]
+            b = _to(make_batch(stores, pick, rng, cfg.anchors, cfg.gamma, cfg.max_len), dev)
         lo, _, _ = forward_loss(model, b, t2d, cfg, with_acc=step % 10 == 0)
         opt.zero_grad(set_to_none=True)
         lo.total.backward()
@@ -261,7 +275,7 @@ def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_
                "train_sequences": len(train_refs), "heldout_sequences": len(held_refs),
                "train_tokens": int(sum(stores[r.store].seq(r.index)[1] - stores[r.store].seq(r.index)[0] for r in train_refs)),
                "heldout_alpha_tf": ev.get("alpha"), "heldout_tau_tf": ev.get("tau_tf"), "history": history,
-               "config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str))}
+               "onpolicy_rollouts": rollouts, "config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str))}
     if report is not None:
         metrics["calibration"] = {"temperatures": report.temperatures, "ece_before": report.ece_before,
                                   "ece_after": report.ece_after, "auc": report.auc, "auc_survival": report.auc_survival,
