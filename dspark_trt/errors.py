@@ -39,7 +39,17 @@ class ServeError(DsparkError):
 
 
 class RequestError(InvalidArgumentError):
-    """A serving request carries bad input (empty/over-long prompt, bad UTF-8, bad parameter)."""
+    """A serving request carries bad input (empty/over-long prompt, bad UTF-8, bad parameter): the one error type of
+    served request validation (dspark_trt.serve.validate). Each frontend maps it to its protocol — the Triton stubs
+    to an INVALID_ARG error response, the OpenAI frontend to HTTP 400 with `param` and `code`.
+
+    param: the offending request field, as the frontend that raised it names it (None: the request as a whole);
+    code: a machine-readable reason where a protocol has one (OpenAI's "context_length_exceeded")."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
 
 
 class DrafterError(DsparkError):

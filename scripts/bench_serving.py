@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dspark_trt.serve.client import generate_remote  # noqa: E402
+from dspark_trt.serve.clients.client import generate_remote  # noqa: E402
 from dspark_trt.serve.server import TritonServer  # noqa: E402
 
 log = logging.getLogger("bench_serving")
@@ -134,7 +134,7 @@ class InProcess:
         from dspark_trt.spec_decode.scheduler import PolicyConfig  # noqa: PLC0415
 
         torch.set_num_threads(int(threads) if threads.isdigit() else torch.get_num_threads())
-        opts = self.pair.options  # the served defaults (serve.validate.policy_config: fixed verifies max_k)
+        opts = self.pair.options  # the served defaults (serve.worker.policy_config: fixed verifies max_k)
         pol = PolicyConfig(policy=self.policy, k=opts.effective_max_k, min_k=opts.min_k, max_k=opts.effective_max_k)
         tokens, t0 = 0, time.perf_counter()
         for r in range(requests):

@@ -148,7 +148,7 @@ def _serve_and_request(cli: str, repo: Path, installed: dict, prompt: str, n: in
         assert line.startswith("READY"), f"`dspark-trt serve` from the wheel did not become ready (exit {proc.wait()})"
         grpc = dict(kv.split("=", 1) for kv in line.split()[1:])["grpc"]
         code = ("import json, dspark_trt\n"
-                "from dspark_trt.serve.client import generate_remote\n"
+                "from dspark_trt.serve.clients.client import generate_remote\n"
                 f"out = generate_remote({grpc!r}, {prompt!r}, max_tokens={n}, protocol='grpc', stream=True,"
                 " policy='fixed', max_k=3)\n"
                 "print(json.dumps({'token_ids': out['token_ids'], 'dspark_trt': dspark_trt.__file__}))")

@@ -2,7 +2,7 @@
 
 Owns the command's arguments (defaults from the frozen spec dataclasses), picking the models (the embedded
 default pair when none is named; --target/--draft HF directories; --build-dir a finished build through
-builder.artifacts.load_built_pair; --url a running server through serve.client.generate_remote) and the output:
+builder.artifacts.load_built_pair; --url a running server through serve.clients.client.generate_remote) and the output:
 the text (or, with --json, ONE JSON object {"text", "token_ids", "stats"}) on stdout, everything else on stderr.
 """
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _remote(args: argparse.Namespace) -> dict[str, Any]:
-    from dspark_trt.serve.client import generate_remote
+    from dspark_trt.serve.clients.client import generate_remote
 
     def on_text(piece: str) -> None:
         sys.stderr.write(piece)

@@ -123,7 +123,7 @@ class StreamClient:
             self.client.close()
 
     def run(self, sample: Sample, prompt: str, max_tokens: int, policy: str | None) -> Sample:
-        from dspark_trt.serve.client import GenerationRequest, infer_inputs  # noqa: PLC0415
+        from dspark_trt.serve.clients.client import GenerationRequest, infer_inputs  # noqa: PLC0415
 
         req = GenerationRequest(prompt=prompt, max_tokens=max_tokens, stream=True, policy=policy, return_stats=False)
         outputs = [self.grpc.InferRequestedOutput("output_ids")]

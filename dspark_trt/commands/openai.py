@@ -1,6 +1,6 @@
 """`dspark-trt openai`: the OpenAI-compatible API (/v1/models, /v1/completions, /v1/chat/completions) in front of
-an already running tritonserver (`dspark-trt serve`). Logic: dspark_trt.serve.openai_api; the defaults are
-dspark_trt.serve.openai_server.OpenAIConfig's. `dspark-trt serve --openai-port PORT` runs the same frontend next to
+an already running tritonserver (`dspark-trt serve`). Logic: dspark_trt.serve.openai.app; the defaults are
+dspark_trt.serve.openai.config.OpenAIConfig's. `dspark-trt serve --openai-port PORT` runs the same frontend next to
 the server it starts (its options: add_frontend_arguments, config_from_args).
 """
 from __future__ import annotations
@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 
 from dspark_trt.errors import InvalidArgumentError, ServeError
-from dspark_trt.serve.openai_server import OpenAIConfig
+from dspark_trt.serve.openai.config import OpenAIConfig
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def config_from_args(args: argparse.Namespace, **overrides: object) -> OpenAICon
 
 
 def run(args: argparse.Namespace) -> int:
-    from dspark_trt.serve.openai_server import serve_forever  # noqa: PLC0415
+    from dspark_trt.serve.openai.server import serve_forever  # noqa: PLC0415
 
     if args.default_max_tokens < 1:
         raise InvalidArgumentError(f"--default-max-tokens must be ≥ 1, got {args.default_max_tokens}")

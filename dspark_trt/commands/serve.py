@@ -1,7 +1,7 @@
 """`dspark-trt serve`: start tritonserver (the system one when present, else the nvidia-pytriton bundle) on a
 built model repository, wait until it is ready, keep it running until SIGINT/SIGTERM, then stop it cleanly
 (no stub processes, no /dev/shm regions left). Lifecycle lives in dspark_trt.serve.server. With --openai-port,
-the OpenAI-compatible API (dspark_trt.serve.openai_api) runs next to it, in this process, on the server's gRPC port.
+the OpenAI-compatible API (dspark_trt.serve.openai) runs next to it, in this process, on the server's gRPC port.
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         openai = ""
         if args.openai_port is not None:
             from dspark_trt.commands.openai import config_from_args  # noqa: PLC0415
-            from dspark_trt.serve.openai_server import OpenAIServer  # noqa: PLC0415
+            from dspark_trt.serve.openai.server import OpenAIServer  # noqa: PLC0415
 
             frontend = OpenAIServer(config_from_args(args, triton_url=server.grpc_url, repo=repo, host=args.host,
                                                      port=args.openai_port)).start()

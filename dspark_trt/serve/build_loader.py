@@ -1,72 +1,38 @@
-"""What the served models load from a build directory: the tokenizer, the limits, and the speculative backend.
+"""What the `dspark` stubs load from a build directory: the tokenizer, the speculative backend and the batcher.
 
-Owns `ServeConfig` (config.pbtxt parameters → typed, frozen), `load_tokenizer_for`, `load_backend` (the
-builder's load_built_pair + the runtime's SpecBackend) and `make_batcher` (backend → metrics-timed,
-overload-gated RoundScheduler → InflightBatcher). Used by dspark_trt.serve.triton_models; no pb_utils here.
+Owns `load_tokenizer_for` (BUILD_DIR/tokenizer), `LoadedBackend` + `load_backend` (the builder's load_built_pair
++ the runtime's SpecBackend) and `make_batcher` (backend → metrics-timed, overload-gated RoundScheduler →
+InflightBatcher, started). The limits come from serve.config.ServeConfig. Used by the Triton stubs
+(serve.triton); no pb_utils here.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from dspark_trt.errors import ServeError
+from dspark_trt.serve.config import ServeConfig
 from dspark_trt.serve.metrics import ServeMetrics
-from dspark_trt.serve.validate import ServeLimits
-from dspark_trt.spec_decode.limits import request_room
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ServeConfig:
-    """The template keys as filled into config.pbtxt parameters."""
-
-    build_dir: Path
-    max_batch: int
-    gamma: int
-    policy: str
-    min_k: int
-    max_k: int
-    max_seq_len: int
-    max_queue: int
-
-    @classmethod
-    def from_model_config(cls, model_config: Mapping[str, Any]) -> "ServeConfig":
-        raw = {k: v.get("string_value", "") for k, v in model_config.get("parameters", {}).items()}
-        try:
-            gamma = int(raw["GAMMA"])
-            return cls(build_dir=Path(raw["BUILD_DIR"]), max_batch=int(raw["MAX_BATCH_SIZE"]), gamma=gamma,
-                       policy=raw["POLICY"], min_k=int(raw["MIN_K"]), max_k=int(raw["MAX_K"]) or gamma,
-                       max_seq_len=int(raw["MAX_SEQ_LEN"]), max_queue=int(raw["MAX_QUEUE"]))
-        except (KeyError, ValueError) as exc:
-            raise ServeError(f"config.pbtxt of {model_config.get('name')!r} lacks parameter {exc} or it is not a "
-                             "number; rebuild the repository with `dspark-trt build` (templates in dspark_trt/model_repo/)") from exc
-
-    def limits(self, vocab_size: int) -> ServeLimits:
-        return ServeLimits(max_seq_len=self.max_seq_len, max_batch=self.max_batch, gamma=self.gamma,
-                           vocab_size=vocab_size, policy=self.policy, min_k=self.min_k, max_k=self.max_k,
-                           max_queue=self.max_queue)
-
-    @property
-    def max_prompt_tokens(self) -> int:
-        """Longest prompt that still leaves room for one generated token and a γ-block verify."""
-        return request_room(self.max_seq_len, self.gamma) - 1
 
 
 def load_tokenizer_for(cfg: ServeConfig) -> Any:
     """The build's tokenizer (build/NAME/tokenizer)."""
     from dspark_trt.runtime.hf_loader import load_tokenizer  # noqa: PLC0415
 
-    path = cfg.build_dir / "tokenizer"
+    path = cfg.build / "tokenizer"
     if not path.is_dir():
         raise ServeError(f"{path} is missing: the build directory is incomplete; rerun `dspark-trt build`")
     return load_tokenizer(path)
 
 
-@dataclass
+@dataclass(frozen=True)
 class LoadedBackend:
+    """A loaded build: the backend the round loop drives (None on a GPU host: the engines are Triton models), its
+    vocabulary size and eos ids."""
+
     backend: Any  # dspark_trt.runtime.backend.SpecBackend
     vocab_size: int
     eos_ids: tuple[int, ...]
@@ -77,7 +43,7 @@ def load_backend(cfg: ServeConfig) -> LoadedBackend:
     from dspark_trt.builder.artifacts import load_built_pair  # noqa: PLC0415
     from dspark_trt.runtime.backend import SpecBackend  # noqa: PLC0415
 
-    pair = load_built_pair(cfg.build_dir)
+    pair = load_built_pair(cfg.build)
     backend = SpecBackend(pair.target, pair.drafter, max_batch=cfg.max_batch, max_seq=cfg.max_seq_len)
     eos = tuple(int(e) for e in getattr(pair.target.config, "eos_token_ids", ()) or ())
     log.info("loaded %s: vocab %d, eos %s, max_batch %d, max_seq %d, γ %d", cfg.build_dir, backend.vocab_size, eos,

@@ -15,20 +15,21 @@ from typing import Any, Sequence
 import numpy as np
 
 from dspark_trt.errors import RequestError
-from dspark_trt.serve.validate import decode_text
+from dspark_trt.serve.validate import check_prompt_tokens, decode_text
 
 CONTEXT_TOKENS = 8  # ids of left context sent with each streamed delta
 REPLACEMENT = "\ufffd"
 
 
 def encode_prompt(tokenizer: Any, text: str, chat: bool, max_tokens: int) -> list[int]:
-    """Prompt text → ids; empty or over-long prompts raise RequestError."""
+    """Prompt text → ids; empty or over-long prompts (more than max_tokens ids: the build's max_prompt_tokens) raise
+    RequestError."""
     if not text.strip():
-        raise RequestError("text_input is empty; send a non-empty prompt")
+        raise RequestError("text_input is empty; send a non-empty prompt", "text_input")
     if chat:
         if not getattr(tokenizer, "chat_template", None):
             raise RequestError("apply_chat_template=true but this model's tokenizer has no chat template; send "
-                               "the formatted prompt with apply_chat_template=false")
+                               "the formatted prompt with apply_chat_template=false", "apply_chat_template")
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                             tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):
@@ -36,11 +37,7 @@ def encode_prompt(tokenizer: Any, text: str, chat: bool, max_tokens: int) -> lis
     else:
         ids = tokenizer(text, add_special_tokens=True)["input_ids"]
     ids = [int(t) for t in ids]
-    if not ids:
-        raise RequestError("text_input tokenized to no tokens; send a non-empty prompt")
-    if len(ids) > max_tokens:
-        raise RequestError(f"text_input is {len(ids)} tokens, more than the {max_tokens} this build accepts "
-                           "(MAX_SEQ_LEN − γ − 2); shorten the prompt or rebuild with a larger --max-seq-len")
+    check_prompt_tokens(ids, max_tokens, None, "text_input")  # no tokens, or more than the build accepts
     return ids
 
 
@@ -50,7 +47,7 @@ def encode_stop_words(tokenizer: Any, words: Sequence[object]) -> list[list[int]
     for raw in words:
         w = decode_text(raw, "stop_words")
         if not w:
-            raise RequestError("stop_words contains an empty string; remove it")
+            raise RequestError("stop_words contains an empty string; remove it", "stop_words")
         ids = [int(t) for t in tokenizer(w, add_special_tokens=False)["input_ids"]]
         if ids:
             out.append(ids)

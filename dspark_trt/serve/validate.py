@@ -1,23 +1,39 @@
-"""Request validation for the served pipeline: every bad input becomes a RequestError that names the problem
-and the fix (the Triton adapters turn it into an error response; the server keeps serving).
+"""Request validation of every served entry point, written once: each check raises a RequestError (the one error
+type, dspark_trt/errors.py) that names the problem and the fix, with `param` = the field as the caller's protocol
+names it and, for requests too long for the build, `code` = "context_length_exceeded". The frontends map it to
+their protocol: the Triton stubs (serve.triton, serve.gpu_host) to an INVALID_ARG error response, the OpenAI
+frontend (serve.openai) to HTTP 400 in OpenAI's error shape. The server keeps serving either way.
 
-Owns: ServeLimits (the build's limits, from config.pbtxt parameters), GenerationParams (one request's checked
-parameters), `decode_text`, `check_request_parameters`, `parse_generation`, `to_loop_request`. Knows the tensor
-names of the `dspark` model's optional inputs; knows nothing of Triton itself (plain numpy in, dataclasses out).
+Where each entry point asks (the edge of its process):
+- Triton `preprocessing` (both ensembles): `check_request_parameters`, `decode_text`, then serve.text.encode_prompt
+  → `check_prompt_tokens` (empty, over-long).
+- Triton `dspark` (ensembles, direct gRPC, the OpenAI frontend's backend): `prompt_ids` (input_ids: one prompt,
+  `check_prompt`) and `parse_generation` (the generation tensors → `check_generation`); the GPU-host `dspark`
+  runs the same code. `target` / `draft`: `check_prompt` per row.
+- The OpenAI frontend: `check_prompt` on the prompt it tokenized and `check_generation` on the body's values,
+  with its own field names (`OPENAI_NAMES`), before anything reaches Triton.
+The limits themselves are spec_decode.limits' (request_room, check_room, check_token_ids — the checks the round
+loop's Request.check_fits asks too), the sampling rule spec_decode.sampling.check_sampling, the policy names
+spec_decode.policies'. Knows nothing of Triton or HTTP (plain values and numpy in, dataclasses out).
 """
 from __future__ import annotations
 
 import json
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from dspark_trt.errors import InvalidArgumentError, RequestError
-from dspark_trt.spec_decode.limits import request_room  # torch-free
+from dspark_trt.serve.config import ServeConfig
+from dspark_trt.spec_decode.limits import check_room, check_token_ids  # torch-free
 from dspark_trt.spec_decode.policies import POLICIES, resolve_policy_alias  # torch-free
 from dspark_trt.spec_decode.sampling import check_sampling  # torch-free
+
+__all__ = ["CONTEXT_LENGTH_EXCEEDED", "GenerationParams", "KNOWN_INPUTS", "KNOWN_PARAMETERS", "OPENAI_NAMES",
+           "check_generation", "check_prompt", "check_prompt_tokens", "check_request_parameters", "decode_text",
+           "parse_generation", "prompt_ids", "request_key", "single"]
 
 # Inputs of the ensemble (tensorrtllm_backend names + ours); anything else is unknown.
 KNOWN_INPUTS = ("text_input", "max_tokens", "stream", "temperature", "top_p", "random_seed", "stop_words", "end_id",
@@ -27,6 +43,11 @@ KNOWN_INPUTS = ("text_input", "max_tokens", "stream", "temperature", "top_p", "r
 # keys as parameters and have no request-id field); a `stop` request targets it.
 KNOWN_PARAMETERS = ("id",)
 
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # RequestError.code of a request too long for the build
+# The OpenAI frontend's names for the fields check_generation knows by their Triton tensor names.
+OPENAI_NAMES: Mapping[str, str] = {"random_seed": "seed"}
+_ROOM_HINT = ", or rebuild with a larger --max-seq-len"
+
 
 def request_key(request_id: str, params_json: str | None) -> str:
     """The id a `stop` request targets: the Triton request id, else the "id" request parameter."""
@@ -34,21 +55,6 @@ def request_key(request_id: str, params_json: str | None) -> str:
         return request_id
     params = json.loads(params_json) if params_json else {}
     return str(params.get("id", ""))
-
-
-@dataclass(frozen=True)
-class ServeLimits:
-    """What the build allows (template keys MAX_SEQ_LEN, MAX_BATCH_SIZE, GAMMA, POLICY, MIN_K, MAX_K, MAX_QUEUE), as
-    serve.pipeline.ServeConfig.limits(vocab_size) makes it from the one parse of config.pbtxt."""
-
-    max_seq_len: int
-    max_batch: int
-    gamma: int
-    vocab_size: int
-    policy: str = "survival"
-    min_k: int = 2
-    max_k: int = 8
-    max_queue: int = 64
 
 
 @dataclass(frozen=True)
@@ -73,12 +79,12 @@ def decode_text(raw: object, what: str = "text_input") -> str:
     if isinstance(raw, str):
         return raw
     if not isinstance(raw, (bytes, bytearray, np.bytes_)):
-        raise RequestError(f"{what} must be a string (BYTES tensor), got {type(raw).__name__}")
+        raise RequestError(f"{what} must be a string (BYTES tensor), got {type(raw).__name__}", what)
     try:
         return bytes(raw).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RequestError(f"{what} is not valid UTF-8 (byte {exc.start}: {exc.reason}); send UTF-8 encoded "
-                           "text") from exc
+                           "text", what) from exc
 
 
 def check_request_parameters(params_json: str | Mapping[str, object] | None) -> None:
@@ -89,9 +95,114 @@ def check_request_parameters(params_json: str | Mapping[str, object] | None) -> 
     unknown = sorted(k for k in params if not k.startswith("triton_") and k not in KNOWN_PARAMETERS)
     if unknown:
         raise RequestError(f"unknown parameter(s) {', '.join(map(repr, unknown))}; known inputs are "
-                           f"{', '.join(KNOWN_INPUTS)}")
+                           f"{', '.join(KNOWN_INPUTS)}", unknown[0])
 
 
+# ---- the prompt ---------------------------------------------------------------------------------------------
+def check_prompt_tokens(ids: Sequence[int], limit: int, vocab_size: int | None = None, what: str = "input_ids",
+                        param: str | None = None) -> None:
+    """A prompt's ids: at least one, at most `limit` (the build's max_prompt_tokens), each in the vocabulary when
+    vocab_size is given. `what` names the prompt in the message, `param` the field in the error."""
+    param = what if param is None else param
+    if len(ids) == 0:
+        raise RequestError(f"{what} is empty (no tokens); send a non-empty prompt", param)
+    if len(ids) > limit:
+        raise RequestError(f"{what} is {len(ids)} tokens, more than the {limit} this build accepts (MAX_SEQ_LEN − γ − "
+                           "2); shorten the prompt or rebuild with a larger --max-seq-len", param,
+                           CONTEXT_LENGTH_EXCEEDED)
+    if vocab_size is not None:
+        try:
+            check_token_ids(ids, vocab_size, what)
+        except InvalidArgumentError as exc:
+            raise RequestError(str(exc), param) from exc
+
+
+def check_prompt(ids: Sequence[int], cfg: ServeConfig, what: str = "input_ids", param: str | None = None) -> None:
+    """check_prompt_tokens against the build's limits (cfg.max_prompt_tokens, cfg.vocab_size)."""
+    check_prompt_tokens(ids, cfg.max_prompt_tokens, cfg.vocab_size, what, param)
+
+
+def prompt_ids(arr: np.ndarray | None, cfg: ServeConfig) -> tuple[int, ...]:
+    """The `dspark` model's input_ids tensor ([1, T] or [T]) → one checked prompt."""
+    if arr is None:
+        raise RequestError("input_ids is required", "input_ids")
+    a = np.asarray(arr)
+    if a.ndim == 2 and a.shape[0] != 1:
+        raise RequestError(f"one prompt per request, got a batch of {a.shape[0]}; send concurrent requests instead "
+                           "(they are batched in flight)", "input_ids")
+    ids = tuple(int(t) for t in a.reshape(-1))
+    check_prompt(ids, cfg)
+    return ids
+
+
+# ---- generation parameters ----------------------------------------------------------------------------------
+def check_generation(prompt_len: int, cfg: ServeConfig, *, max_tokens: int | None, temperature: float | None = None,
+                     top_p: float | None = None, seed: int | None = None, end_id: int | None = None,
+                     policy: str | None = None, min_k: int | None = None, max_k: int | None = None,
+                     stream: bool = False, return_stats: bool = False,
+                     stop_sequences: tuple[tuple[int, ...], ...] = (),
+                     names: Mapping[str, str] | None = None) -> GenerationParams:
+    """One request's generation parameters against the build: max_tokens (required, ≥ 1, prompt + max_tokens within
+    spec_decode.limits.request_room), temperature / top_p / seed (spec_decode.sampling.check_sampling), end_id,
+    policy, min_k / max_k. None = the build's default (cfg.policy, cfg.min_k, cfg.max_k; greedy). `names` maps the
+    Triton tensor names used here (max_tokens, temperature, top_p, random_seed, end_id, policy, min_k, max_k) to the
+    caller's own (OPENAI_NAMES), in the messages and in RequestError.param."""
+    n = _names(names)
+    max_tokens = _check_length(prompt_len, max_tokens, cfg, n)
+    temperature = 0.0 if temperature is None else float(temperature)
+    top_p = 1.0 if top_p is None else float(top_p)
+    try:
+        check_sampling(temperature, top_p, seed, names={"seed": n["random_seed"], "temperature": n["temperature"],
+                                                        "top_p": n["top_p"]})
+    except InvalidArgumentError as exc:
+        raise RequestError(str(exc), _sampling_param(str(exc), n)) from exc
+    if end_id is not None and cfg.vocab_size is not None and not 0 <= end_id < cfg.vocab_size:
+        raise RequestError(f"{n['end_id']} must be a token id in [0, {cfg.vocab_size}), got {end_id}", n["end_id"])
+    policy = resolve_policy_alias(cfg.policy if policy is None else policy.strip().lower())
+    if policy not in POLICIES:
+        raise RequestError(f"{n['policy']} must be one of {', '.join(POLICIES)} (\"seed\" = \"confidence\"), got "
+                           f"{policy!r}", n["policy"])
+    min_k = cfg.min_k if min_k is None else min_k
+    max_k = cfg.max_k if max_k is None else max_k
+    if not 0 <= min_k <= max_k <= cfg.gamma:
+        raise RequestError(f"need 0 ≤ {n['min_k']} ≤ {n['max_k']} ≤ γ ({cfg.gamma}), got {n['min_k']}={min_k}, "
+                           f"{n['max_k']}={max_k}", n["max_k"] if min_k <= max_k else n["min_k"])
+    if policy == "confidence" and min_k < 1:
+        raise RequestError(f"{n['min_k']} must be ≥ 1 for the confidence policy, got {min_k}; use policy \"plain\" "
+                           "for K = 0", n["min_k"])
+    return GenerationParams(max_tokens=max_tokens, stream=stream, temperature=temperature, top_p=top_p, seed=seed,
+                            end_id=end_id, policy=policy, min_k=min_k, max_k=max_k, return_stats=return_stats,
+                            stop_sequences=stop_sequences)
+
+
+def _names(names: Mapping[str, str] | None) -> dict[str, str]:
+    n = {k: k for k in ("max_tokens", "temperature", "top_p", "random_seed", "end_id", "policy", "min_k", "max_k")}
+    n.update(names or {})
+    return n
+
+
+def _check_length(prompt_len: int, max_tokens: int | None, cfg: ServeConfig, n: Mapping[str, str]) -> int:
+    """max_tokens given and ≥ 1, a prompt, and both within the room (spec_decode.limits.check_room)."""
+    if max_tokens is None:
+        raise RequestError(f"{n['max_tokens']} is required (INT32, ≥ 1)", n["max_tokens"])
+    if max_tokens < 1:
+        raise RequestError(f"{n['max_tokens']} must be ≥ 1, got {max_tokens}", n["max_tokens"])
+    if prompt_len < 1:
+        raise RequestError("the prompt is empty; send a non-empty text_input", "text_input")
+    try:
+        check_room(prompt_len, max_tokens, cfg.max_seq_len, cfg.gamma,
+                   names={"max_new_tokens": n["max_tokens"], "max_seq": "MAX_SEQ_LEN"}, hint=_ROOM_HINT)
+    except InvalidArgumentError as exc:
+        raise RequestError(str(exc), n["max_tokens"], CONTEXT_LENGTH_EXCEEDED) from exc
+    return max_tokens
+
+
+def _sampling_param(message: str, n: Mapping[str, str]) -> str | None:
+    """The field a check_sampling message is about (it starts with the renamed argument)."""
+    return next((n[k] for k in ("temperature", "top_p", "random_seed") if message.startswith(n[k])), None)
+
+
+# ---- Triton tensors -----------------------------------------------------------------------------------------
 def single(inputs: Mapping[str, np.ndarray | None], name: str) -> object | None:
     """The one element of an optional input ([1] or [1, 1]); None if absent; RequestError if several."""
     arr = inputs.get(name)
@@ -100,7 +211,7 @@ def single(inputs: Mapping[str, np.ndarray | None], name: str) -> object | None:
     flat = np.asarray(arr).reshape(-1)
     if flat.size != 1:
         raise RequestError(f"{name} must hold exactly one value per request, got shape {tuple(np.shape(arr))}; "
-                           "send one prompt per request (concurrent requests are batched in flight)")
+                           "send one prompt per request (concurrent requests are batched in flight)", name)
     return flat[0]
 
 
@@ -109,7 +220,7 @@ def _int(inputs: Mapping[str, np.ndarray | None], name: str) -> int | None:
     if v is None:
         return None
     if isinstance(v, (float, np.floating)) and not float(v).is_integer():
-        raise RequestError(f"{name} must be an integer, got {v}")
+        raise RequestError(f"{name} must be an integer, got {v}", name)
     return int(v)
 
 
@@ -119,78 +230,24 @@ def _float(inputs: Mapping[str, np.ndarray | None], name: str) -> float | None:
         return None
     out = float(v)
     if not math.isfinite(out):
-        raise RequestError(f"{name} must be a finite number, got {out}")
+        raise RequestError(f"{name} must be a finite number, got {out}", name)
     return out
 
 
-def parse_generation(inputs: Mapping[str, np.ndarray | None], prompt_len: int, limits: ServeLimits,
+def _flag(inputs: Mapping[str, np.ndarray | None], name: str) -> bool:
+    v = single(inputs, name)
+    return bool(v) if v is not None else False
+
+
+def parse_generation(inputs: Mapping[str, np.ndarray | None], prompt_len: int, cfg: ServeConfig,
                      stop_sequences: tuple[tuple[int, ...], ...] = ()) -> GenerationParams:
-    """Check the `dspark` model's inputs for one request against the build's limits."""
-    max_tokens = _int(inputs, "max_tokens")
-    if max_tokens is None:
-        raise RequestError("max_tokens is required (INT32, ≥ 1)")
-    if max_tokens < 1:
-        raise RequestError(f"max_tokens must be ≥ 1, got {max_tokens}")
-    if prompt_len < 1:
-        raise RequestError("the prompt is empty; send a non-empty text_input")
-    room = request_room(limits.max_seq_len, limits.gamma)
-    if prompt_len + max_tokens > room:
-        raise RequestError(
-            f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds the {room} tokens this build allows "
-            f"(MAX_SEQ_LEN {limits.max_seq_len} − γ {limits.gamma} − 1); shorten the prompt or lower max_tokens, or "
-            "rebuild with a larger --max-seq-len")
-    temperature = _float(inputs, "temperature")
-    temperature = 0.0 if temperature is None else temperature
-    top_p = _float(inputs, "top_p")
-    top_p = 1.0 if top_p is None else top_p
-    seed = _int(inputs, "random_seed")
-    try:
-        check_sampling(temperature, top_p, seed, names={"seed": "random_seed"})
-    except InvalidArgumentError as exc:
-        raise RequestError(str(exc)) from exc
+    """The `dspark` model's generation tensors for one request → check_generation."""
+    max_tokens = _check_length(prompt_len, _int(inputs, "max_tokens"), cfg, _names(None))  # before the rest is read
+    temperature, top_p, seed = _float(inputs, "temperature"), _float(inputs, "top_p"), _int(inputs, "random_seed")
     end_id = _int(inputs, "end_id")
-    if end_id is not None and not 0 <= end_id < limits.vocab_size:
-        raise RequestError(f"end_id must be a token id in [0, {limits.vocab_size}), got {end_id}")
     raw_policy = single(inputs, "policy")
-    policy = limits.policy if raw_policy is None else decode_text(raw_policy, "policy").strip().lower()
-    policy = resolve_policy_alias(policy)
-    if policy not in POLICIES:
-        raise RequestError(f"policy must be one of {', '.join(POLICIES)} (\"seed\" = \"confidence\"), got {policy!r}")
-    min_k = _int(inputs, "min_k")
-    max_k = _int(inputs, "max_k")
-    min_k = limits.min_k if min_k is None else min_k
-    max_k = limits.max_k if max_k is None else max_k
-    if not 0 <= min_k <= max_k <= limits.gamma:
-        raise RequestError(f"need 0 ≤ min_k ≤ max_k ≤ γ ({limits.gamma}), got min_k={min_k}, max_k={max_k}")
-    if policy == "confidence" and min_k < 1:
-        raise RequestError(f"min_k must be ≥ 1 for the confidence policy, got {min_k}; use policy \"plain\" for K = 0")
-    stream = single(inputs, "stream")
-    stats = single(inputs, "return_stats")
-    return GenerationParams(max_tokens=max_tokens, stream=bool(stream) if stream is not None else False,
-                            temperature=temperature, top_p=top_p, seed=seed, end_id=end_id, policy=policy,
-                            min_k=min_k, max_k=max_k, return_stats=bool(stats) if stats is not None else False,
+    policy = None if raw_policy is None else decode_text(raw_policy, "policy")
+    return check_generation(prompt_len, cfg, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                            end_id=end_id, policy=policy, min_k=_int(inputs, "min_k"), max_k=_int(inputs, "max_k"),
+                            stream=_flag(inputs, "stream"), return_stats=_flag(inputs, "return_stats"),
                             stop_sequences=stop_sequences)
-
-
-def policy_config(params: GenerationParams):  # noqa: ANN201 - dspark_trt.spec_decode.scheduler.PolicyConfig
-    """The loop's PolicyConfig for a request (fixed verifies max_k every round)."""
-    from dspark_trt.spec_decode.scheduler import PolicyConfig  # noqa: PLC0415 - torch only where the loop runs
-
-    try:
-        return PolicyConfig(policy=params.policy, k=params.max_k, min_k=params.min_k, max_k=params.max_k)
-    except InvalidArgumentError as exc:
-        raise RequestError(str(exc)) from exc
-
-
-def to_loop_request(prompt_ids: tuple[int, ...], params: GenerationParams, eos_ids: tuple[int, ...]):  # noqa: ANN201
-    """→ dspark_trt.spec_decode.loop.Request (end_id, when given, replaces the model's eos ids)."""
-    from dspark_trt.spec_decode.loop import Request  # noqa: PLC0415
-    from dspark_trt.spec_decode.protocols import SamplingParams  # noqa: PLC0415
-
-    eos = (params.end_id,) if params.end_id is not None else tuple(eos_ids)
-    try:
-        return Request(prompt_ids=tuple(int(t) for t in prompt_ids), max_new_tokens=params.max_tokens,
-                       sampling=SamplingParams(params.temperature, params.top_p, params.seed),
-                       policy=policy_config(params), eos_ids=eos, stop_sequences=params.stop_sequences)
-    except InvalidArgumentError as exc:
-        raise RequestError(str(exc)) from exc

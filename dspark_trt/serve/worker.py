@@ -10,16 +10,29 @@ batches (12.4 of ideal ≈ 13) and the lowest latency in that measurement; calli
 models by BLS once per round batched just as well (12.6) but added two round trips and tensor copies per round
 and would split the KV caches from the loop that rolls them back. Per-request BLS broke batches up (2–4.5).
 On a GPU host (model_repo_trtllm/) the same RoundScheduler — the same admission, caps, K policies, stops,
-cancellation and stats — drives the TensorRT-LLM engines instead: serve.trtllm_rounds.TrtllmRoundScheduler is
+cancellation and stats — drives the TensorRT-LLM engines instead: serve.gpu_host.rounds.TrtllmRoundScheduler is
 the RoundScheduler over a TrtllmExecutor, whose prefill / draft / verify steps are BLS requests to the
 tensorrtllm `target` and `draft` models (one per row, each step's sent at once), and this worker drives it
 unchanged.
 
-Owns: Job / ResponseSink (what execute() hands over), `latency_observer` (draft/verify latency and drafter-failure
-counts into ServeMetrics, for either executor), `serving_backend` (the backend wrapped with
-spec_decode.stats.TimedBackend reporting to that observer, plus optional fault injection for tests),
-InflightBatcher (which turns RoundScheduler.speculate off while the queue is deeper than MAX_QUEUE). Knows nothing
-of pb_utils: the adapter passes a ResponseSink and a ServeMetrics.
+Owns: Job / ResponseSink (what execute() hands over), `to_loop_request` (a validated request → the loop's
+Request), `latency_observer` (draft/verify latency and drafter-failure counts into ServeMetrics, for either
+executor), `serving_backend` (the backend wrapped with spec_decode.stats.TimedBackend reporting to that observer,
+plus optional fault injection for tests), InflightBatcher (which turns RoundScheduler.speculate off while the queue
+is deeper than MAX_QUEUE). Knows nothing of pb_utils: the stub passes a ResponseSink and a ServeMetrics.
+
+Cancellation: one path. Every way a client ends a running request early goes through `InflightBatcher._cancel`,
+on the round thread of the `dspark` stub, which calls `RoundScheduler.cancel` (freeing the request's KV slot in
+the target and the drafter), counts it (`dspark_cancelled_total`, `dspark_active_requests`) and answers the
+request once. What triggers it:
+- a `stop=true` request with the running request's id (tensorrtllm_backend's `stop` input; through either
+  ensemble, or `dspark` directly: serve.clients.client.stop_remote, DsparkAioClient.stop) → DsparkModel.execute →
+  `request_stop` → (next loop turn) `_cancel(job, STOPPED)`: a final response with the tokens so far,
+  finish_reason "stopped";
+- Triton request cancellation (the client closed its gRPC stream to `dspark` or went away, e.g. the OpenAI
+  frontend's disconnects and stop strings) and a response sender that failed → `ResponseSink.is_cancelled()`,
+  polled every CANCEL_POLL_S → `_cancel(job, CANCELLED)`: an error response "request cancelled by the client".
+Triton 2.51 does not pass a client's cancel into an ensemble's running `dspark` step; there, `stop` is the way.
 """
 from __future__ import annotations
 
@@ -31,11 +44,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
-from dspark_trt.errors import DrafterError
+from dspark_trt.errors import DrafterError, InvalidArgumentError, RequestError
 from dspark_trt.serve.metrics import ServeMetrics
 from dspark_trt.serve.text import CONTEXT_TOKENS
-from dspark_trt.serve.validate import GenerationParams, to_loop_request
-from dspark_trt.spec_decode.loop import RoundEvent, RoundScheduler
+from dspark_trt.serve.validate import GenerationParams
+from dspark_trt.spec_decode.loop import Request, RoundEvent, RoundScheduler
+from dspark_trt.spec_decode.protocols import SamplingParams
+from dspark_trt.spec_decode.scheduler import PolicyConfig
 from dspark_trt.spec_decode.stats import TimedBackend
 
 log = logging.getLogger(__name__)
@@ -43,13 +58,15 @@ log = logging.getLogger(__name__)
 CANCEL_POLL_S = 0.1  # how often the loop asks Triton whether its requests were cancelled
 FAULT_ENV = "DSPARK_SERVE_FAULTS"  # "draft" / "verify": every such pass raises; "draft:N": the first N do; "slow:MS":
 # every verify pass takes MS ms longer (tests that need a request to stay in flight)
+STOPPED, CANCELLED = "stopped", "cancelled"  # why _cancel ended a request (STOPPED is its finish_reason)
 
 
 class ResponseSink(Protocol):
-    """Where one request's responses go (the python backend's response sender, wrapped)."""
+    """Where one request's responses go (the python backend's response sender, wrapped). finish_reason is set on
+    the final response only: the loop's "eos" | "length" | "stop", or "stopped" (a `stop` request ended it)."""
 
     def send(self, new_ids: Sequence[int], context_ids: Sequence[int], final: bool,
-             stats: dict[str, object] | None) -> None: ...
+             stats: dict[str, object] | None, finish_reason: str | None = None) -> None: ...
 
     def error(self, message: str) -> None: ...
 
@@ -110,6 +127,23 @@ class FaultyBackend:
         return self._inner.verify(*args, **kwargs)
 
 
+def policy_config(params: GenerationParams) -> PolicyConfig:
+    """The loop's PolicyConfig for a request (fixed verifies max_k every round)."""
+    return PolicyConfig(policy=params.policy, k=params.max_k, min_k=params.min_k, max_k=params.max_k)
+
+
+def to_loop_request(prompt_ids: tuple[int, ...], params: GenerationParams, eos_ids: tuple[int, ...]) -> Request:
+    """A request validated by serve.validate → spec_decode.loop.Request (end_id, when given, replaces the model's eos
+    ids). Validation already happened at the entry point; a failure here is answered as a RequestError anyway."""
+    eos = (params.end_id,) if params.end_id is not None else tuple(eos_ids)
+    try:
+        return Request(prompt_ids=tuple(int(t) for t in prompt_ids), max_new_tokens=params.max_tokens,
+                       sampling=SamplingParams(params.temperature, params.top_p, params.seed),
+                       policy=policy_config(params), eos_ids=eos, stop_sequences=params.stop_sequences)
+    except InvalidArgumentError as exc:
+        raise RequestError(str(exc)) from exc
+
+
 def latency_observer(metrics: ServeMetrics) -> Callable[[str, float, BaseException | None], None]:
     """observe(name, seconds, error) after each "draft" / "verify" pass: the latency histograms, and a drafter failure
     counts as a fallback (the loop runs that round as plain decoding)."""
@@ -168,8 +202,9 @@ class InflightBatcher:
 
     def request_stop(self, key: str, sink: ResponseSink) -> None:
         """End the in-flight request whose Triton request id is `key` before the next round (tensorrtllm_backend's
-        `stop` input). Needed because Triton 2.51 checks an ensemble's cancellation only between ensemble steps,
-        so a client's gRPC cancel never reaches the long-running `dspark` step of the ensemble."""
+        `stop` input; it then ends in _cancel, as a cancelled request does). Needed because Triton 2.51 checks an
+        ensemble's cancellation only between ensemble steps, so a client's gRPC cancel never reaches the
+        long-running `dspark` step of the ensemble."""
         with self._cond:
             self._stops.append((key, sink))
             self._cond.notify()
@@ -240,42 +275,48 @@ class InflightBatcher:
         self._jobs[job.rid] = job
 
     def _stop_job(self, key: str, sink: ResponseSink) -> None:
-        found = [rid for rid, job in self._jobs.items() if key and job.key == key]
+        """A `stop` request: end the running request(s) with id `key`, then answer the stop request itself."""
+        found = [job for job in self._jobs.values() if key and job.key == key]
         if not found:
             sink.error(f"stop: no in-flight request with id {key!r}; send stop=true with the id of a running "
                        "request")
             return
-        for rid in found:
-            job = self._jobs.pop(rid)
-            self.scheduler.cancel(rid)  # frees the KV slot
-            self.metrics.inc("dspark_cancelled_total")
-            self.metrics.set("dspark_active_requests", self.scheduler.active)
-            self.metrics.flush()
-            log.info("request %d (id %s) stopped after %d tokens; KV slot freed", rid, key, len(job.tokens))
-            stats = _stats_payload(job, None) if job.params.return_stats else None
-            if stats is not None:
-                stats["finish_reason"] = "stopped"
-            start = job.sent if job.params.stream else 0
-            job.sink.send(job.tokens[start:], job.tokens[max(0, start - CONTEXT_TOKENS):start] if start else [],
-                          True, stats)
+        for job in found:
+            self._cancel(job, STOPPED)
         sink.send([], [], True, None)
 
     def _drop_cancelled(self, force: bool = False) -> None:
-        """Free the slots of requests whose client cancelled. sender.is_cancelled() is a round trip to the server
-        per request, so it is asked every CANCEL_POLL_S (and whenever requests came or went), not every round."""
+        """End the requests whose client cancelled (or whose sender broke). sender.is_cancelled() is a round trip
+        to the server per request, so it is asked every CANCEL_POLL_S (and whenever requests came or went), not
+        every round."""
         now = time.monotonic()
         if not self._jobs or (not force and now - self._last_cancel_poll < CANCEL_POLL_S):
             return
         self._last_cancel_poll = now
-        for rid, job in list(self._jobs.items()):
+        for job in list(self._jobs.values()):
             if job.sink.is_cancelled():
-                self.scheduler.cancel(rid)  # frees the request's KV slot (target and drafter)
-                del self._jobs[rid]
-                self.metrics.inc("dspark_cancelled_total")
-                self.metrics.set("dspark_active_requests", self.scheduler.active)
-                self.metrics.flush()
-                job.sink.error("request cancelled by the client")
-                log.info("request %d cancelled by the client after %d tokens; KV slot freed", rid, len(job.tokens))
+                self._cancel(job, CANCELLED)
+
+    def _cancel(self, job: Job, why: str) -> None:
+        """The one cancellation path: RoundScheduler.cancel (frees the KV slot, target and drafter), the metrics,
+        one answer — STOPPED: a final response with the tokens so far (finish_reason "stopped"); CANCELLED: an
+        error response (the client is gone, or will read it as the end of a cancelled call)."""
+        self._jobs.pop(job.rid, None)
+        self.scheduler.cancel(job.rid)
+        self.metrics.inc("dspark_cancelled_total")
+        self.metrics.set("dspark_active_requests", self.scheduler.active)
+        self.metrics.flush()
+        log.info("request %d (id %s) %s after %d tokens; KV slot freed", job.rid, job.key or "-",
+                 "stopped" if why == STOPPED else "cancelled by the client", len(job.tokens))
+        if why != STOPPED:
+            job.sink.error("request cancelled by the client")
+            return
+        stats = _stats_payload(job, None) if job.params.return_stats else None
+        if stats is not None:
+            stats["finish_reason"] = STOPPED
+        start = job.sent if job.params.stream else 0
+        job.sink.send(job.tokens[start:], job.tokens[max(0, start - CONTEXT_TOKENS):start] if start else [], True,
+                      stats, STOPPED)
 
     def _round(self) -> None:
         depth = self.scheduler.pending
@@ -336,9 +377,9 @@ class InflightBatcher:
             stats = _stats_payload(job, ev) if job.params.return_stats else None
             if job.params.stream:
                 job.sink.send(job.tokens[job.sent:], job.tokens[max(0, job.sent - CONTEXT_TOKENS):job.sent], True,
-                              stats)
+                              stats, ev.finish_reason)
             else:
-                job.sink.send(job.tokens, [], True, stats)
+                job.sink.send(job.tokens, [], True, stats, ev.finish_reason)
             job.sent = len(job.tokens)
         elif job.params.stream and len(job.tokens) > job.sent:
             job.sink.send(job.tokens[job.sent:], job.tokens[max(0, job.sent - CONTEXT_TOKENS):job.sent], False, None)

@@ -6,7 +6,7 @@ max_new_tokens, stop sequences: nothing is emitted past them), cancellation, the
 the draft step, or a row the executor could not draft, makes that round plain decoding for it, logged and counted)
 and per-request statistics. Lossless: every committed token is the target's own greedy choice (or an exact
 rejection sample). The model side is a spec_decode.protocols.RoundExecutor: spec_decode.executor.BackendExecutor
-(the reference runtime, built from any protocols.Backend passed here) or serve.trtllm_rounds.TrtllmExecutor
+(the reference runtime, built from any protocols.Backend passed here) or serve.gpu_host.rounds.TrtllmExecutor
 (TensorRT-LLM engines). Knows nothing of model code, KV-cache layout, Triton or tritonclient.
 
 Positions: a request with n committed tokens (prompt + generated) has its anchor at position n − 1; d_1 sits at
@@ -29,7 +29,7 @@ import torch
 
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.executor import BackendExecutor
-from dspark_trt.spec_decode.limits import request_room
+from dspark_trt.spec_decode.limits import check_room, check_token_ids
 from dspark_trt.spec_decode.protocols import Backend, DraftBlock, DraftOutcome, RoundExecutor, SamplingParams
 from dspark_trt.spec_decode.scheduler import (CostTable, GateMemory, PolicyConfig, PolicyState, observe,
                                               plan_drafting, schedule_batch, verify_cap)
@@ -73,15 +73,11 @@ class Request:
 
     def check_fits(self, vocab_size: int, max_seq: int, gamma: int) -> None:
         """Raise InvalidArgumentError unless the request fits an executor: prompt + new tokens within
-        spec_decode.limits.request_room, every prompt id in the vocabulary. RoundScheduler.add asks this."""
-        room = request_room(max_seq, gamma)
-        if len(self.prompt_ids) + self.max_new_tokens > room:
-            raise InvalidArgumentError(
-                f"prompt ({len(self.prompt_ids)}) + max_new_tokens ({self.max_new_tokens}) exceeds the {room} tokens "
-                f"max_seq {max_seq} leaves after a γ+1 block; shorten the prompt or lower max_new_tokens")
-        bad = [t for t in self.prompt_ids if not 0 <= t < vocab_size]
-        if bad:
-            raise InvalidArgumentError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+        spec_decode.limits.request_room, every prompt id in the vocabulary (limits.check_room / check_token_ids, the
+        checks served requests pass at their entry point too). RoundScheduler.add asks this: the loop's own
+        invariant, for in-process callers; a served request reaches it already validated."""
+        check_room(len(self.prompt_ids), self.max_new_tokens, max_seq, gamma)
+        check_token_ids(self.prompt_ids, vocab_size)
 
 
 @dataclass

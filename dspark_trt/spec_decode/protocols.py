@@ -8,7 +8,7 @@ Two levels:
 - `Drafter` and `Backend`: a drafter, and a target + drafter pair over slot KV caches (runtime.backend.SpecBackend).
 - `RoundExecutor`: the model side of one speculative round as spec_decode.loop.RoundScheduler drives it — prefill,
   draft, verify (+ accept + commit) — over the rows (`RoundRow`) the scheduler owns. Two implementations:
-  spec_decode.executor.BackendExecutor (the reference runtime: any Backend) and serve.trtllm_rounds.TrtllmExecutor
+  spec_decode.executor.BackendExecutor (the reference runtime: any Backend) and serve.gpu_host.rounds.TrtllmExecutor
   (TensorRT-LLM engines through Triton BLS). Its steps answer with one frozen outcome each: `DraftOutcome`,
   `VerifyOutcome`.
 

@@ -19,7 +19,7 @@ from dspark_trt.builder.model_repo import (TEMPLATE_DIR, TRTLLM_TEMPLATE_DIR, fi
 from dspark_trt.builder.options import BuildOptions
 from dspark_trt.builder.pipeline import TRTLLM_DSPARK_SKIPPED, check_serving
 from dspark_trt.errors import BuildError, InvalidArgumentError
-from dspark_trt.serve.trtllm_bls import INPUT_DTYPES, OUTPUT_NAMES
+from dspark_trt.serve.gpu_host.bls import INPUT_DTYPES, OUTPUT_NAMES
 
 NAMES = json.loads((Path(__file__).parent / "trtllm_1_2_triton_names.json").read_text())
 SPEC = BuildOptions(max_batch_size=6, max_draft_len=5, max_seq_len=300, max_queue=9, serving="both")
@@ -112,7 +112,7 @@ def test_engine_dirs_match_the_engine_build(tmp_path: Path) -> None:
 
 
 def test_scheduler_tensors_are_declared() -> None:
-    """What serve.trtllm_bls sends and reads: 1.2.x names and dtypes, names the BLS draft-target code uses too, and
+    """What serve.gpu_host.bls sends and reads: 1.2.x names and dtypes, names the BLS draft-target code uses too, and
     declared in our configs; request_output_len = K + 1 is the BLS rule."""
     src_in, src_out = _source("inputs"), _source("outputs")
     ours_in = _tensors((TRTLLM_TEMPLATE_DIR / "target" / "config.pbtxt").read_text(), "input")

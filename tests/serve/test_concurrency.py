@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from dspark_trt.serve.client import generate_remote
+from dspark_trt.serve.clients.client import generate_remote
 
 pytestmark = pytest.mark.triton
 

@@ -8,7 +8,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from dspark_trt.errors import RequestError
-from dspark_trt.serve.client import generate_remote
+from dspark_trt.serve.clients.client import generate_remote
 
 pytestmark = pytest.mark.triton
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dspark_trt.serve.client import generate_remote
+from dspark_trt.serve.clients.client import generate_remote
 from dspark_trt.spec_decode.scheduler import POLICIES
 
 pytestmark = pytest.mark.triton

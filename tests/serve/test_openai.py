@@ -1,4 +1,4 @@
-"""The OpenAI-compatible frontend (dspark_trt.serve.openai_api) in front of the REAL tritonserver of conftest.py,
+"""The OpenAI-compatible frontend (dspark_trt.serve.openai) in front of the REAL tritonserver of conftest.py,
 called with the official `openai` client over real HTTP (uvicorn on a free loopback port): completions and chat,
 streamed and not, greedy text equal to in-process generation, usage counts, stop strings, the DSpark extension
 fields, OpenAI error shapes and statuses (404 / 400 / 503), a client disconnect freeing the KV slot, 8 concurrent
@@ -21,7 +21,8 @@ from typing import Iterator
 import openai
 import pytest
 
-from dspark_trt.serve.openai_server import OpenAIConfig, OpenAIServer
+from dspark_trt.serve.openai.config import OpenAIConfig
+from dspark_trt.serve.openai.server import OpenAIServer
 from dspark_trt.serve.server import TritonServer, free_port
 from dspark_trt.serve.text import encode_prompt
 

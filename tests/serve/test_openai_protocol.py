@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from dspark_trt.serve.openai_protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError, StreamText,
+from dspark_trt.serve.openai.protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError, StreamText,
                                               finish_reason)
 
 

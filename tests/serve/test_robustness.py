@@ -24,7 +24,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from dspark_trt.errors import RequestError
-from dspark_trt.serve.client import generate_remote, stop_remote
+from dspark_trt.serve.clients.client import generate_remote, stop_remote
 from dspark_trt.serve.server import SHM_PREFIX, _group_pids, _mapped_shm, footprint, leftovers
 
 from .conftest import read_metrics

@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 from dspark_trt.errors import RequestError
+from dspark_trt.serve.config import ServeConfig
 from dspark_trt.serve.text import (CONTEXT_TOKENS, delta_text, encode_prompt, encode_stop_words, pack_stop_words,
                                    unpack_stop_words)
-from dspark_trt.serve.validate import ServeLimits, check_request_parameters, decode_text, parse_generation
+from dspark_trt.serve.validate import check_request_parameters, decode_text, parse_generation
 
-LIMITS = ServeLimits(max_seq_len=64, max_batch=4, gamma=4, vocab_size=512, policy="confidence", min_k=1, max_k=4,
+LIMITS = ServeConfig(max_seq_len=64, max_batch=4, gamma=4, vocab_size=512, policy="confidence", min_k=1, max_k=4,
                      max_queue=8)
 
 
@@ -97,7 +98,7 @@ def test_streamed_deltas_concatenate_to_full_text(tok, text: str, chunk: int) ->
 def test_seed_is_an_alias_of_the_confidence_policy() -> None:
     p = parse_generation(_inp(max_tokens=10, policy=b"Seed"), 5, LIMITS)
     assert p.policy == "confidence"
-    old_build = ServeLimits(max_seq_len=64, max_batch=4, gamma=4, vocab_size=512, policy="seed", min_k=1, max_k=4)
+    old_build = ServeConfig(max_seq_len=64, max_batch=4, gamma=4, vocab_size=512, policy="seed", min_k=1, max_k=4)
     assert parse_generation(_inp(max_tokens=10), 5, old_build).policy == "confidence"  # POLICY "seed" in config.pbtxt
     with pytest.raises(RequestError, match="confidence policy"):
         parse_generation(_inp(max_tokens=4, policy=b"seed", min_k=0), 5, LIMITS)

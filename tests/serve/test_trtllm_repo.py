@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import pytest
 
 from dspark_trt.errors import RequestError
-from dspark_trt.serve.client import generate_remote
+from dspark_trt.serve.clients.client import generate_remote
 from dspark_trt.serve.server import TritonServer
 from dspark_trt.testing.trtllm_standin import install_standin
 

@@ -1,4 +1,4 @@
-"""The GPU-host round loop (serve.trtllm_rounds) over the stand-in engine semantics, in process: greedy output equals
+"""The GPU-host round loop (serve.gpu_host.rounds) over the stand-in engine semantics, in process: greedy output equals
 plain greedy decoding for every policy, stop conditions, queueing, cancel, drafter failure; the verify-reply
 interpretation; the stand-in's TensorRT-LLM semantics; the BLS tensors; the stand-in config rewrite."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from dspark_trt.errors import InvalidArgumentError, ServeError
-from dspark_trt.serve.trtllm_bls import INPUT_DTYPES, call_tensors, reply_from_arrays
-from dspark_trt.serve.trtllm_rounds import EngineCall, EngineReply, TrtllmRoundScheduler, verify_outcome
+from dspark_trt.serve.gpu_host.bls import INPUT_DTYPES, call_tensors, reply_from_arrays
+from dspark_trt.serve.gpu_host.rounds import EngineCall, EngineReply, TrtllmRoundScheduler, verify_outcome
 from dspark_trt.spec_decode.loop import LoopConfig, Request
 from dspark_trt.spec_decode.scheduler import PolicyConfig
 from dspark_trt.spec_decode.sampling import SamplingParams

@@ -1,9 +1,11 @@
 """The in-flight batching worker without a server, on the tiny build's real backend: concurrent jobs get their
-own outputs from shared rounds, cancellation frees the slot, overload turns speculation off, a failing drafter
-falls back with identical output. (The same paths run through Triton in the other files of this directory.)"""
+own outputs from shared rounds (and their finish_reason), cancellation and a `stop` request free the slot through
+the one cancellation path, overload turns speculation off, a failing drafter falls back with identical output.
+(The same paths run through Triton in the other files of this directory.)"""
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -25,14 +27,17 @@ class Sink:
     ids: list[int] = field(default_factory=list)
     responses: int = 0
     stats: dict | None = None
+    finish_reason: str | None = None
     err: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
-    def send(self, new_ids: Sequence[int], context_ids: Sequence[int], final: bool, stats: dict | None) -> None:
+    def send(self, new_ids: Sequence[int], context_ids: Sequence[int], final: bool, stats: dict | None,
+             finish_reason: str | None = None) -> None:
         self.ids.extend(new_ids)
         self.responses += 1
         if final:
             self.stats = stats
+            self.finish_reason = finish_reason
             self.done.set()
 
     def error(self, message: str) -> None:
@@ -71,6 +76,7 @@ def test_jobs_share_rounds_and_get_their_own_tokens(reference) -> None:  # noqa:
     batcher.stop()
     for i, s in enumerate(sinks):
         assert s.err is None and s.ids == reference(PROMPTS[i], 10 + 3 * i)
+        assert s.finish_reason in ("eos", "length", "stop") and s.finish_reason == s.stats["finish_reason"]
     assert max(s.stats["batch"]["max"] for s in sinks) == 4
     assert metrics.counters["dspark_fallback_total"] == 0
 
@@ -86,6 +92,28 @@ def test_cancel_frees_slot(reference) -> None:  # noqa: ANN001
     assert later.done.wait(300)
     batcher.stop()
     assert sink.err and "cancel" in sink.err and len(sink.ids) < 200
+    assert metrics.counters["dspark_cancelled_total"] == 1
+    assert batcher.scheduler.active == 0 and len(batcher.scheduler._free) == 4  # noqa: SLF001 - slot back
+
+
+def test_stop_request_takes_the_cancellation_path(reference) -> None:  # noqa: ANN001
+    """tensorrtllm_backend's `stop`: the running request ends with the tokens so far and finish_reason "stopped",
+    counted and its slot freed as a cancelled one; the stop request gets its own empty final response."""
+    batcher, metrics = _batcher(reference, faults="slow:20")  # a 200-token answer then takes seconds
+    sink, stopper = Sink(), Sink()
+    job = _job(reference, PROMPTS[0], 200, sink, policy="plain")
+    job.key = "victim"
+    batcher.submit(job)
+    batcher.start()
+    deadline = time.monotonic() + 300
+    while sink.responses == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    batcher.request_stop("victim", stopper)
+    assert sink.done.wait(300) and stopper.done.wait(300)
+    batcher.stop()
+    assert sink.err is None and sink.finish_reason == "stopped" and sink.stats["finish_reason"] == "stopped"
+    assert 0 < len(sink.ids) < 200 and sink.ids == reference(PROMPTS[0], 200)[:len(sink.ids)]
+    assert stopper.err is None and stopper.ids == [] and stopper.responses == 1
     assert metrics.counters["dspark_cancelled_total"] == 1
     assert batcher.scheduler.active == 0 and len(batcher.scheduler._free) == 4  # noqa: SLF001 - slot back
 

@@ -32,7 +32,7 @@ def test_engine_dir_is_a_deprecated_spelling_of_build_dir(tmp_path, caplog) -> N
 
 
 def test_url_goes_through_the_serve_client(monkeypatch, capsys) -> None:
-    import dspark_trt.serve.client as client
+    import dspark_trt.serve.clients.client as client
 
     seen: dict[str, Any] = {}
 
@@ -50,7 +50,7 @@ def test_url_goes_through_the_serve_client(monkeypatch, capsys) -> None:
 
 
 def test_policy_seed_is_accepted_as_confidence(monkeypatch, capsys) -> None:
-    import dspark_trt.serve.client as client
+    import dspark_trt.serve.clients.client as client
 
     seen: dict[str, Any] = {}
     monkeypatch.setattr(client, "generate_remote", lambda url, prompt, **kw: seen.update(kw) or {"text": "ok"})

@@ -7,7 +7,8 @@ import pytest
 
 from dspark_trt.builder.options import BuildOptions
 from dspark_trt.errors import InvalidArgumentError, RequestError
-from dspark_trt.serve.validate import ServeLimits, parse_generation
+from dspark_trt.serve.config import ServeConfig
+from dspark_trt.serve.validate import parse_generation
 from dspark_trt.spec_decode.limits import request_room
 from dspark_trt.spec_decode.loop import Request
 from dspark_trt.spec_decode.scheduler import PolicyConfig, PolicyState, verify_cap
@@ -22,7 +23,7 @@ def test_request_room_is_what_the_loop_and_the_served_validator_accept() -> None
         Request(tuple(range(1, 11)), room - 9).check_fits(100, max_seq, gamma)
     with pytest.raises(InvalidArgumentError, match="outside the vocabulary"):
         Request((1, 200), 4).check_fits(100, max_seq, gamma)
-    limits = ServeLimits(max_seq_len=max_seq, max_batch=2, gamma=gamma, vocab_size=100, max_k=gamma)
+    limits = ServeConfig(max_seq_len=max_seq, max_batch=2, gamma=gamma, vocab_size=100, max_k=gamma)
 
     assert parse_generation({"max_tokens": np.array([[room - 10]], dtype=np.int32)}, 10, limits).max_tokens == room - 10
     with pytest.raises(RequestError, match="exceeds the 56 tokens"):

@@ -32,11 +32,12 @@ def test_one_rule_one_message(temperature: object, top_p: object, seed: object, 
 def test_front_ends_share_the_rule_and_name_their_own_argument() -> None:
     import numpy as np
 
-    from dspark_trt.serve.validate import ServeLimits, parse_generation
+    from dspark_trt.serve.config import ServeConfig
+    from dspark_trt.serve.validate import parse_generation
 
     with pytest.raises(InvalidArgumentError, match=r"^--top-p must be a number in \(0, 1\]"):
         check_sampling(1.0, 0.0, None, names={"top_p": "--top-p"})
-    limits = ServeLimits(max_seq_len=64, max_batch=2, gamma=4, vocab_size=512)
+    limits = ServeConfig(max_seq_len=64, max_batch=2, gamma=4, vocab_size=512)
     with pytest.raises(RequestError, match=r"^random_seed must be unset or an integer in \[0, 2\^63 − 1\], got -1"):
         parse_generation({"max_tokens": np.array([4]), "random_seed": np.array([-1])}, 5, limits)
     with pytest.raises(RequestError, match=r"^temperature must be a finite number in \[0, 100\]"):

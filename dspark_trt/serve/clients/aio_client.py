@@ -1,11 +1,13 @@
 """Asyncio gRPC client of the decoupled `dspark` model (token ids in, token ids out) for frontends that run an
-event loop (the OpenAI-compatible server, dspark_trt.serve.openai_api).
+event loop (the OpenAI-compatible server, dspark_trt.serve.openai.app).
 
-Owns: `DsparkAioClient` — one shared channel, one bidirectional `ModelStreamInfer` stream per request, the
-stream's cancel, tensorrtllm_backend's `stop` request (frees a running request's KV slot), the readiness check —
+Owns: `DsparkAioClient` — one shared channel, one bidirectional `ModelStreamInfer` stream per request (asking for
+output_ids, final and finish_reason, and stats only when the request has return_stats), the stream's cancel and
+tensorrtllm_backend's `stop` request (the two entry points of the `dspark` stub's one cancellation path, see
+serve.worker; either frees the request's KV slot), the readiness check —
 and the mapping of gRPC failures onto the project's errors: `TritonUnavailableError` (server down, model not
 loaded), RequestError (the model rejected the input), ServeError (anything else).
-The request encoding (tensor names, dtypes, optional inputs) is serve.client's `GenerationRequest`; this module
+The request encoding (tensor names, dtypes, optional inputs) is serve.clients.client's `GenerationRequest`; this module
 only adds `input_ids` (the `dspark` model takes ids, so the caller owns tokenization and detokenization).
 """
 from __future__ import annotations
@@ -13,18 +15,18 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 import numpy as np
 
 from dspark_trt.errors import RequestError, ServeError
-from dspark_trt.serve.client import GenerationRequest, infer_inputs
+from dspark_trt.serve.clients.client import GenerationRequest, infer_inputs
 
 log = logging.getLogger(__name__)
 
 DSPARK_MODEL = "dspark"
-IDS_OUTPUTS = ("output_ids", "final", "stats")  # not text_output: the model then skips detokenizing
+IDS_OUTPUTS = ("output_ids", "final", "finish_reason")  # not text_output: the model then skips detokenizing
 
 
 class TritonUnavailableError(ServeError):
@@ -33,11 +35,13 @@ class TritonUnavailableError(ServeError):
 
 @dataclass(frozen=True)
 class IdsChunk:
-    """One response of the `dspark` model: the newly committed ids; stats only on the final one."""
+    """One response of the `dspark` model: the newly committed ids; finish_reason ("eos" | "length" | "stop" |
+    "stopped") and stats (when asked for) only on the final one."""
 
     ids: tuple[int, ...]
     final: bool
     stats: dict[str, Any] | None = None
+    finish_reason: str | None = None
 
 
 def _status_error(exc: Exception, url: str) -> Exception:
@@ -95,9 +99,11 @@ class DsparkAioClient:
 
         Closing the generator early (a client that went away, a stop string) cancels the gRPC stream, which the
         decoupled `dspark` model sees as a cancelled request, and also sends a `stop` request for `request_id`
-        (tensorrtllm_backend's mechanism) so the request's KV slot is freed before the next round either way."""
-        inputs = self._inputs(prompt_ids, replace(req, return_stats=True))
-        outputs = [self._grpc.InferRequestedOutput(n) for n in IDS_OUTPUTS]  # ids only: we detokenize
+        (tensorrtllm_backend's mechanism, seen before the next round); whichever arrives first ends the request in
+        the stub's one cancellation path (serve.worker.InflightBatcher._cancel), the other finds nothing left."""
+        inputs = self._inputs(prompt_ids, req)
+        names = IDS_OUTPUTS + (("stats",) if req.return_stats else ())
+        outputs = [self._grpc.InferRequestedOutput(n) for n in names]  # ids only: we detokenize
         done = asyncio.Event()
         finished = False
 
@@ -134,9 +140,12 @@ class DsparkAioClient:
         final = result.as_numpy("final")
         stats = result.as_numpy("stats")
         raw = stats.reshape(-1)[0] if stats is not None and stats.size else b""
+        reason = result.as_numpy("finish_reason")
+        why = reason.reshape(-1)[0] if reason is not None and reason.size else b""
         return IdsChunk(ids=tuple(int(t) for t in ids.reshape(-1)) if ids is not None else (),
                         final=bool(final.reshape(-1)[0]) if final is not None else True,
-                        stats=json.loads(raw) if raw else None)
+                        stats=json.loads(raw) if raw else None,
+                        finish_reason=(why.decode() if isinstance(why, bytes) else str(why)) or None)
 
     def _spawn(self, coro: Any) -> None:
         try:

@@ -1,10 +1,14 @@
 """Client side of the served pipeline: `generate_remote` over HTTP (the generate / generate_stream endpoints) or
 gRPC (unary infer, or a decoupled stream), returning the JSON shape of `dspark-trt generate --json`:
-{"text": str, "token_ids": [int], "stats": {...}}. Unstreamed requests go to the non-decoupled `ensemble`,
-streamed ones to the decoupled `ensemble_stream` (same tensors; docs/serving.md says why there are two).
+{"text": str, "token_ids": [int], "finish_reason": str | None, "stats": {...}} (finish_reason from the model's
+`finish_reason` output: "eos" | "length" | "stop" | "stopped"; stats only with return_stats). Unstreamed requests
+go to the non-decoupled `ensemble`, streamed ones to the decoupled `ensemble_stream` (same tensors;
+docs/serving.md says why there are two).
 
-Owns the request encoding (tensorrtllm_backend tensor names + ours) and the response decoding. Errors: the
-server's error message comes back as RequestError (bad input) or ServeError (unreachable / failed server).
+Owns the request encoding (tensorrtllm_backend tensor names + ours: GenerationRequest, `infer_inputs`, shared
+with serve.clients.aio_client and `dspark-trt load`), the response decoding and `stop_remote` (the `stop` input, one
+of the two entry points of the stub's cancellation path; see serve.worker). Errors: the server's error message
+comes back as RequestError (bad input) or ServeError (unreachable / failed server).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ log = logging.getLogger(__name__)
 
 MODEL = "ensemble"  # non-decoupled: one response (HTTP/gRPC infer, /generate)
 STREAM_MODEL = "ensemble_stream"  # decoupled: streamed responses (gRPC stream_infer, /generate_stream)
+OUTPUTS = ("text_output", "output_ids", "finish_reason", "stats")  # what generate_remote asks the ensembles for
 
 
 @dataclass(frozen=True)
@@ -82,9 +87,10 @@ class _Result:
         self.text: list[str] = []
         self.ids: list[int] = []
         self.stats: dict[str, Any] = {}
+        self.finish_reason: str | None = None
         self.on_text = on_text
 
-    def add(self, text: str, ids: list[int], stats: str | None) -> None:
+    def add(self, text: str, ids: list[int], stats: str | None, finish_reason: str | None = None) -> None:
         if text:
             self.text.append(text)
             if self.on_text is not None:
@@ -92,9 +98,12 @@ class _Result:
         self.ids.extend(int(t) for t in ids)
         if stats:
             self.stats = json.loads(stats)
+        if finish_reason:
+            self.finish_reason = finish_reason
 
     def as_dict(self) -> dict[str, Any]:
-        return {"text": "".join(self.text), "token_ids": self.ids, "stats": self.stats}
+        return {"text": "".join(self.text), "token_ids": self.ids, "finish_reason": self.finish_reason,
+                "stats": self.stats}
 
 
 def _raise(message: str, status: int | None = None) -> None:
@@ -131,13 +140,14 @@ def _http(url: str, req: GenerationRequest, model: str, timeout: float, on_text:
                     _raise(body["error"], r.status_code)
                 ids = body.get("output_ids", [])
                 res.add(_text(body.get("text_output", "")), ids if isinstance(ids, list) else [ids],
-                        body.get("stats"))
+                        body.get("stats"), _text(body.get("finish_reason")))
                 return res.as_dict()
             for ev in _sse_events(r):
                 if "error" in ev:
                     _raise(ev["error"], r.status_code)
                 ids = ev.get("output_ids", [])
-                res.add(_text(ev.get("text_output", "")), ids if isinstance(ids, list) else [ids], ev.get("stats"))
+                res.add(_text(ev.get("text_output", "")), ids if isinstance(ids, list) else [ids], ev.get("stats"),
+                        _text(ev.get("finish_reason")))
     except requests.ConnectionError as exc:
         raise ServeError(f"cannot reach Triton at {base} ({exc}); start it with `dspark-trt serve`") from exc
     return res.as_dict()
@@ -166,9 +176,11 @@ def _add_result(res: _Result, result: Any) -> None:
     text = result.as_numpy("text_output")
     ids = result.as_numpy("output_ids")
     stats = result.as_numpy("stats")
+    reason = result.as_numpy("finish_reason")
     res.add("".join(x.decode("utf-8") for x in text.reshape(-1)) if text is not None else "",
             [] if ids is None else [int(t) for t in ids.reshape(-1)],
-            stats.reshape(-1)[0].decode("utf-8") if stats is not None and stats.size else None)
+            stats.reshape(-1)[0].decode("utf-8") if stats is not None and stats.size else None,
+            reason.reshape(-1)[0].decode("utf-8") if reason is not None and reason.size else None)
 
 
 def _grpc(url: str, req: GenerationRequest, model: str, timeout: float, on_text: Callable[[str], None] | None,
@@ -179,7 +191,7 @@ def _grpc(url: str, req: GenerationRequest, model: str, timeout: float, on_text:
 
     client = grpcclient.InferenceServerClient(url)
     inputs = infer_inputs(grpcclient, req.fields())
-    outputs = [grpcclient.InferRequestedOutput(n) for n in ("text_output", "output_ids", "stats")]
+    outputs = [grpcclient.InferRequestedOutput(n) for n in OUTPUTS]
     res = _Result(on_text)
     if not req.stream:
         try:
@@ -228,7 +240,7 @@ def generate_remote(url: str, prompt: str, max_tokens: int = 64, protocol: str =
                     stop_words: tuple[str, ...] | list[str] = (), end_id: int | None = None,
                     apply_chat_template: bool | None = None, model: str | None = None, timeout: float = 600.0,
                     on_text: Callable[[str], None] | None = None, request_id: str | None = None) -> dict[str, Any]:
-    """Generate through a running server's ensemble → {"text", "token_ids", "stats"}.
+    """Generate through a running server's ensemble → {"text", "token_ids", "finish_reason", "stats"}.
 
     url is HOST:PORT (the HTTP port for protocol "http", the gRPC port for "grpc"); model defaults to `ensemble`
     (one response) or, with stream, `ensemble_stream`; on_text receives each streamed piece of text as it
@@ -246,9 +258,9 @@ def generate_remote(url: str, prompt: str, max_tokens: int = 64, protocol: str =
 
 def stop_remote(url: str, request_id: str, protocol: str = "grpc", model: str = MODEL, timeout: float = 60.0) -> None:
     """End the in-flight request `request_id` (its KV slot is freed; it gets its final response with the tokens so
-    far and finish_reason "stopped"). tensorrtllm_backend's `stop` input: a request with stop=true and the same id.
-    Use this rather than closing the stream: Triton 2.51 does not pass a client's cancel into an ensemble's
-    running step."""
+    far and finish_reason "stopped"). tensorrtllm_backend's `stop` input: a request with stop=true and the same id;
+    the `dspark` stub ends it through the same cancellation path as a cancelled request (serve.worker). Use this
+    rather than closing the stream: Triton 2.51 does not pass a client's cancel into an ensemble's running step."""
     req = GenerationRequest(prompt="stop", max_tokens=1, stop=True, return_stats=False)
     fn = _http if protocol == "http" else _grpc
     fn(url, req, model, timeout, None, request_id)

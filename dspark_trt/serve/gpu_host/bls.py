@@ -1,37 +1,26 @@
-"""The BLS side of the GPU-host repository (model_repo_trtllm/): EngineCalls as tensorrtllm requests, and the
-`dspark` model that runs serve.trtllm_rounds.TrtllmRoundScheduler (spec_decode.loop.RoundScheduler over the
-engines) inside serve.worker.InflightBatcher.
+"""The BLS side of the GPU-host repository (model_repo_trtllm/): EngineCalls as tensorrtllm requests over pb_utils.
 
 Owns: the tensor names / dtypes / shapes of the requests we send to a `tensorrtllm` model and the outputs we read
 (TensorRT-LLM 1.2.x triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt; checked by
-tests/builder/test_trtllm_serving_contract.py), PbEngineClient (one pb_utils.InferenceRequest per EngineCall, all
-of a fan-out issued at once with async_exec so Triton's dynamic batcher hands them to the in-flight batcher
-together) and TrtllmDsparkModel (model_repo_trtllm/dspark/1/model.py's class: validation, streaming, stop and
-cancellation as the reference `dspark` model, the rounds driven over the engines). Loads no model weights: the
-vocabulary and eos ids come from the build's target checkpoint config.
+tests/builder/test_trtllm_serving_contract.py: `call_tensors`, `reply_from_arrays`) and PbEngineClient (the
+serve.gpu_host.rounds.EngineClient of the stub: one pb_utils.InferenceRequest per EngineCall, all of a fan-out
+issued at once with async_exec so Triton's dynamic batcher hands them to the in-flight batcher together). The
+model that uses it is serve.gpu_host.dspark.TrtllmDsparkModel.
 """
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from dspark_trt.errors import ServeError
-from dspark_trt.serve.metrics import ServeMetrics
-from dspark_trt.serve.pipeline import LoadedBackend
-from dspark_trt.serve.trtllm_rounds import EngineCall, EngineReply, TrtllmRoundScheduler
-from dspark_trt.serve.triton_models import DsparkModel
+from dspark_trt.serve.gpu_host.rounds import EngineCall, EngineReply
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BuildInfo", "INPUT_DTYPES", "OUTPUT_NAMES", "PbEngineClient", "TrtllmDsparkModel", "call_tensors",
-           "read_build_info", "reply_from_arrays"]
+__all__ = ["INPUT_DTYPES", "OUTPUT_NAMES", "PbEngineClient", "call_tensors", "reply_from_arrays"]
 
 # What we send: name → numpy dtype; every tensor is [1, n] (batch 1; scalars [1, 1]).
 INPUT_DTYPES: dict[str, type] = {
@@ -124,58 +113,3 @@ class PbEngineClient:
     def close(self) -> None:
         self._loop.close()
         self._pool.shutdown(wait=False)
-
-
-@dataclass(frozen=True)
-class BuildInfo:
-    vocab_size: int
-    eos_ids: tuple[int, ...]
-    draft_kind: str  # "lm" | "dspark"
-
-
-def read_build_info(build_dir: Path) -> BuildInfo:
-    """Vocabulary, eos ids and drafter kind of a build, from its checkpoint configs (no weights loaded)."""
-    from dspark_trt.runtime.trtllm_checkpoint import model_config_from_trtllm, read_checkpoint_config  # noqa: PLC0415
-
-    tckpt, dckpt = build_dir / "target" / "checkpoint", build_dir / "draft" / "checkpoint"
-    if not (tckpt / "config.json").is_file() or not (dckpt / "config.json").is_file():
-        raise ServeError(f"{build_dir} lacks target/ or draft/ checkpoints: the build is incomplete; rerun "
-                         "`dspark-trt build --serving trtllm`")
-    mc = model_config_from_trtllm(read_checkpoint_config(tckpt))
-    arch = json.loads((dckpt / "config.json").read_text()).get("architecture")
-    return BuildInfo(int(mc.vocab_size), tuple(int(e) for e in mc.eos_token_ids),
-                     "dspark" if arch == "DSparkDrafter" else "lm")
-
-
-class TrtllmDsparkModel(DsparkModel):
-    """The decoupled scheduler of model_repo_trtllm/: as DsparkModel, but each round goes to the `draft` and
-    `target` tensorrtllm models over BLS instead of the in-process reference runtime."""
-
-    TARGET_MODEL = "target"
-    DRAFT_MODEL = "draft"
-
-    def initialize(self, args: dict[str, str]) -> None:
-        super(DsparkModel, self).initialize(args)  # the common part (config, logging), not the reference backend
-        from dspark_trt.serve.worker import InflightBatcher, latency_observer  # noqa: PLC0415
-        from dspark_trt.spec_decode.loop import LoopConfig  # noqa: PLC0415
-
-        info = read_build_info(self.cfg.build_dir)
-        if info.draft_kind == "dspark":
-            raise ServeError("model_repo_trtllm cannot serve a DSpark drafter (it needs the target's hidden states, "
-                             "which stock TensorRT-LLM engines do not return); serve build/NAME/model_repo instead "
-                             "(docs/gpu.md)")
-        self.loaded = LoadedBackend(None, info.vocab_size, info.eos_ids)
-        self.limits = self.cfg.limits(info.vocab_size)
-        self.metrics = ServeMetrics(self.pb, gamma=self.cfg.gamma, model=self.name)
-        self.client = PbEngineClient(self.pb, concurrency=2 * self.cfg.max_batch)
-        sched = TrtllmRoundScheduler(self.client, LoopConfig(gamma=self.cfg.gamma), self.cfg.max_batch,
-                                     self.cfg.max_seq_len, info.vocab_size, self.TARGET_MODEL, self.DRAFT_MODEL,
-                                     observe=latency_observer(self.metrics))
-        self.batcher = InflightBatcher(sched, self.metrics, max_queue=self.cfg.max_queue).start()
-        log.info("%s: rounds over tensorrtllm models %r (+ draft %r), γ %d, max batch %d", self.name,
-                 self.TARGET_MODEL, self.DRAFT_MODEL, self.cfg.gamma, self.cfg.max_batch)
-
-    def finalize(self) -> None:
-        super().finalize()
-        self.client.close()
-

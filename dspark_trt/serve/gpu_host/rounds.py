@@ -2,7 +2,7 @@
 served by Triton's in-flight batcher (the `target` and `draft` models, backend "tensorrtllm").
 
 Owns EngineCall / EngineReply / EngineClient (one request to a tensorrtllm model and what comes back, free of
-pb_utils; serve.trtllm_bls.PbEngineClient sends them over BLS), `verify_outcome` (a verify reply → accepted and
+pb_utils; serve.gpu_host.bls.PbEngineClient sends them over BLS), `verify_outcome` (a verify reply → accepted and
 committed tokens), TrtllmExecutor (spec_decode.protocols.RoundExecutor over an EngineClient: the engine calls of
 prefill, draft and verify) and TrtllmRoundScheduler (spec_decode.loop.RoundScheduler over a TrtllmExecutor, the
 one the `dspark` model hands to serve.worker.InflightBatcher). Requests, caps (spec_decode.scheduler.verify_cap),

@@ -1,16 +1,19 @@
 """OpenAI-compatible HTTP frontend in front of a running tritonserver: /v1/models, /v1/completions and
 /v1/chat/completions (JSON or `stream: true` as SSE `data: {...}` chunks ending with `data: [DONE]`), /health.
 
-Owns: ModelInfo + load_model (the build behind the server: served name, limits, tokenizer), Frontend (the request
-logic) and `create_app` / `app_for` (the FastAPI app). Settings (OpenAIConfig) and hosting with uvicorn
-(OpenAIServer, serve_forever) are dspark_trt.serve.openai_server's.
+Owns: ModelInfo + load_model (the build behind the server: served name, serve.config.ServeConfig, tokenizer),
+Frontend (the request logic) and `create_app` / `app_for` (the FastAPI app). Settings are
+serve.openai.config.OpenAIConfig; hosting with uvicorn (OpenAIServer, serve_forever) is serve.openai.server's.
 
-How a request runs: the frontend tokenizes with the build's tokenizer (the chat template for chat; this is also
-what `usage.prompt_tokens` counts), checks the build's limits (400 before anything reaches Triton), streams token
-ids from the decoupled `dspark` model over gRPC (serve.aio_client), detokenizes incrementally and cuts stop
-strings on the text (openai_protocol.StreamText). A client that disconnects, or a stop string, closes the
-backend stream: the gRPC call is cancelled and a `stop` request frees the KV slot. Errors keep OpenAI's shape:
-404 unknown model, 400 bad parameter / empty or over-long prompt, 503 Triton unreachable.
+How a request runs: the frontend checks the OpenAI wire format (serve.openai.protocol), tokenizes with the build's
+tokenizer (the chat template for chat; this is also what `usage.prompt_tokens` counts), validates the request at
+this edge with the served checks (serve.validate.check_prompt / check_generation: 400 before anything reaches
+Triton, the same messages the Triton models give), streams token ids from the decoupled `dspark` model over gRPC
+(serve.clients.aio_client), detokenizes incrementally and cuts stop strings on the text (protocol.StreamText); the
+finish reason is the model's `finish_reason` output. A client that disconnects, or a stop string, closes the
+backend stream: the gRPC call is cancelled and a `stop` request is sent; either ends the request in the `dspark`
+stub's one cancellation path and frees its KV slot. Errors keep OpenAI's shape: 404 unknown model, 400 bad
+parameter / empty or over-long prompt (a RequestError: its param and code), 503 Triton unreachable.
 """
 from __future__ import annotations
 
@@ -32,13 +35,13 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from starlette.responses import StreamingResponse
 
 from dspark_trt.errors import DsparkError, RequestError, ServeError
-from dspark_trt.serve.aio_client import DsparkAioClient, TritonUnavailableError
-from dspark_trt.serve.client import GenerationRequest
-from dspark_trt.serve.openai_protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError, StreamText,
+from dspark_trt.serve.clients.aio_client import DsparkAioClient, TritonUnavailableError
+from dspark_trt.serve.clients.client import GenerationRequest
+from dspark_trt.serve.config import ServeConfig
+from dspark_trt.serve.openai.config import OpenAIConfig
+from dspark_trt.serve.openai.protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError, StreamText,
                                               bad, error_body, finish_reason)
-from dspark_trt.serve.openai_server import OpenAIConfig
-from dspark_trt.serve.pipeline import ServeConfig
-from dspark_trt.spec_decode.limits import request_room
+from dspark_trt.serve.validate import OPENAI_NAMES, check_generation, check_prompt
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +51,8 @@ class ModelInfo:
     """What the frontend knows of the build behind the server."""
 
     name: str
-    serve: ServeConfig
+    serve: ServeConfig  # with vocab_size = the tokenizer's (what token-id prompts are checked against)
     tokenizer_dir: Path
-
-    @property
-    def room(self) -> int:
-        """prompt + max_tokens may not exceed this (spec_decode.limits.request_room)."""
-        return request_room(self.serve.max_seq_len, self.serve.gamma)
 
 
 def _config_from_pbtxt(path: Path) -> dict[str, Any]:
@@ -94,11 +92,12 @@ def load_model(config: OpenAIConfig) -> tuple[ModelInfo, Any]:
     else:
         raw = _triton_model_config(config)
     serve = ServeConfig.from_model_config(raw)
-    tok = Path(config.tokenizer_dir) if config.tokenizer_dir is not None else serve.build_dir / "tokenizer"
+    tok = Path(config.tokenizer_dir) if config.tokenizer_dir is not None else serve.build / "tokenizer"
     if not tok.is_dir():
         raise ServeError(f"tokenizer directory {tok} not found (the build's BUILD_DIR is not on this machine?); "
                          "pass --tokenizer DIR (the build's tokenizer/ directory)")
-    return ModelInfo(config.model_name or serve.build_dir.name, serve, tok), load_tokenizer(tok)
+    tokenizer = load_tokenizer(tok)
+    return ModelInfo(config.model_name or serve.build.name, serve.with_vocab(len(tokenizer)), tok), tokenizer
 
 
 def _render(model: Any) -> str:
@@ -115,8 +114,8 @@ def _oai_error(exc: BaseException) -> OpenAIError:
         return exc
     if isinstance(exc, TritonUnavailableError):
         return OpenAIError(503, str(exc), code="triton_unavailable")
-    if isinstance(exc, RequestError):
-        return OpenAIError(400, str(exc))
+    if isinstance(exc, RequestError):  # the served request checks (serve.validate), or what `dspark` rejected
+        return OpenAIError(400, str(exc), exc.param, exc.code)
     if isinstance(exc, DsparkError):
         return OpenAIError(500, str(exc))
     log.error("unexpected error in the OpenAI frontend", exc_info=exc)
@@ -169,38 +168,30 @@ class Frontend:
 
     def _encode_prompt(self, body: CompletionRequest) -> list[int]:
         prompt = body.one_prompt()
-        if isinstance(prompt, list):
-            vocab = len(self.tokenizer)
-            if any(not 0 <= t < vocab for t in prompt):
-                raise bad(f"prompt token ids must be in [0, {vocab})", "prompt")
+        if isinstance(prompt, list):  # token ids: check_prompt checks them against the vocabulary
             return prompt
         return [int(t) for t in self.tokenizer(prompt, add_special_tokens=True)["input_ids"]]
 
     def prepare(self, body: CompletionRequest | ChatCompletionRequest) -> _Job:
+        """The OpenAI body → the backend request, validated here (the edge of this process): the wire format by
+        protocol, the prompt and generation parameters against the build by serve.validate (RequestError → 400)."""
         self._check_model(body.model)
         body.check_supported()
         chat = isinstance(body, ChatCompletionRequest)
         ids = self._encode_chat(body) if chat else self._encode_prompt(body)  # type: ignore[arg-type]
-        limit = self.info.serve.max_prompt_tokens
-        if not ids:
-            raise bad("the prompt tokenized to no tokens; send a non-empty prompt", "prompt")
-        if len(ids) > limit:
-            raise bad(f"the prompt is {len(ids)} tokens, more than the {limit} this build accepts "
-                      "(MAX_SEQ_LEN − γ − 2); shorten it", "messages" if chat else "prompt", "context_length_exceeded")
+        cfg = self.info.serve
+        check_prompt(ids, cfg, "the prompt", "messages" if chat else "prompt")
         asked = body.requested_max_tokens() if chat else body.max_tokens  # type: ignore[union-attr]
-        max_tokens = asked if asked is not None else (self.info.room - len(ids) if chat
-                                                      else min(self.config.default_max_tokens,
-                                                               self.info.room - len(ids)))
-        if len(ids) + max_tokens > self.info.room:
-            raise bad(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the {self.info.room} tokens "
-                      f"this build allows (MAX_SEQ_LEN {self.info.serve.max_seq_len} − γ {self.info.serve.gamma} − 1);"
-                      " lower max_tokens or shorten the prompt", "max_tokens", "context_length_exceeded")
+        left = cfg.room - len(ids)
+        max_tokens = asked if asked is not None else (left if chat else min(self.config.default_max_tokens, left))
         temperature = self.config.default_temperature if body.temperature is None else body.temperature
+        check_generation(len(ids), cfg, max_tokens=max_tokens, temperature=temperature, top_p=body.top_p,
+                         seed=body.seed, policy=body.policy, min_k=body.min_k, max_k=body.max_k, names=OPENAI_NAMES)
         stops = body.stop_strings()
         # stop strings are matched on the text as it arrives, so the backend streams to let them cut early
         gen = GenerationRequest(prompt="", max_tokens=max_tokens, stream=body.stream or bool(stops),
                                 temperature=temperature, top_p=body.top_p, random_seed=body.seed, policy=body.policy,
-                                min_k=body.min_k, max_k=body.max_k, return_stats=True)
+                                min_k=body.min_k, max_k=body.max_k, return_stats=body.return_stats)
         return _Job("chat" if chat else "completion", ids, gen, stops,
                     bool(body.stream_options and body.stream_options.include_usage), body.return_stats)
 
@@ -216,8 +207,7 @@ class Frontend:
                     yield _Piece(out, len(text.ids), "stop", chunk.stats)
                     return
                 if chunk.final:
-                    reason = finish_reason((chunk.stats or {}).get("finish_reason"))
-                    yield _Piece(out, len(text.ids), reason, chunk.stats)
+                    yield _Piece(out, len(text.ids), finish_reason(chunk.finish_reason), chunk.stats)
                     return
                 if out:
                     yield _Piece(out, len(text.ids))

@@ -3,9 +3,11 @@
 OpenAI clients expect (n = 1, stop strings, unsupported options named), the DSpark extension fields, the
 OpenAI error shape, and the incremental text of one choice (stop strings cut on the detokenized text).
 
-Owns: CompletionRequest, ChatCompletionRequest, OpenAIError (+ error_body), StreamText. Responses are the openai
-SDK's own types (openai.types.Completion, ChatCompletion, ChatCompletionChunk, CompletionUsage), built in
-dspark_trt.serve.openai_api.
+Owns: CompletionRequest, ChatCompletionRequest, OpenAIError (+ error_body, `bad`: the 400 of a wire-format check;
+the checks against the build are serve.validate's RequestError, mapped to the same 400 by serve.openai.app),
+`finish_reason` (the `dspark` model's finish_reason output → OpenAI's), StreamText. Responses are the openai SDK's
+own types (openai.types.Completion, ChatCompletion, ChatCompletionChunk, CompletionUsage), built in
+dspark_trt.serve.openai.app.
 """
 from __future__ import annotations
 
@@ -190,7 +192,8 @@ class ChatCompletionRequest(_Common):
 
 
 def finish_reason(backend_reason: str | None) -> str:
-    """The loop's finish reason ("eos", "length", "stop", "stopped", ...) → OpenAI's "length" or "stop"."""
+    """The `dspark` model's finish_reason ("eos", "length", "stop", "stopped", ...) → OpenAI's "length" or
+    "stop"."""
     return "length" if backend_reason == "length" else "stop"
 
 

@@ -1,38 +1,23 @@
-"""Hosting the OpenAI-compatible frontend (dspark_trt.serve.openai_api) with uvicorn.
+"""Hosting the OpenAI-compatible frontend (dspark_trt.serve.openai.app) with uvicorn.
 
-Owns: OpenAIConfig (frozen; its fields are the CLI defaults of `dspark-trt openai` and `dspark-trt serve
---openai-port`), OpenAIServer (uvicorn in a background thread: `serve --openai-port`, tests) and serve_forever
-(uvicorn in the foreground: `dspark-trt openai`). Light to import: FastAPI, uvicorn and the app load on start.
+Owns: OpenAIServer (uvicorn in a background thread: `serve --openai-port`, tests) and serve_forever (uvicorn in
+the foreground: `dspark-trt openai`). Settings are serve.openai.config.OpenAIConfig. Light to import: FastAPI,
+uvicorn and the app load on start.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
 from dspark_trt.errors import ServeError
+from dspark_trt.serve.openai.config import OpenAIConfig
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class OpenAIConfig:
-    """Settings of the OpenAI-compatible frontend (defaults = the CLI's)."""
-
-    triton_url: str = "127.0.0.1:8001"  # Triton's gRPC endpoint
-    host: str = "127.0.0.1"
-    port: int = 9000  # 0 = any free port
-    model_name: str | None = None  # the id in /v1/models; default: the build directory's name
-    tokenizer_dir: Path | None = None  # default: BUILD_DIR/tokenizer of the dspark model's config
-    repo: Path | None = None  # read the build's config from this model repository instead of asking Triton
-    triton_model: str = "dspark"  # the decoupled scheduler model (token ids in and out)
-    default_max_tokens: int = 16  # /v1/completions without max_tokens (OpenAI's default); chat: the room left
-    default_temperature: float = 0.0  # greedy unless the request sets temperature (as Triton's ensemble)
-    request_timeout_s: float = 600.0
-    log_level: str = "warning"  # uvicorn's
+__all__ = ["OpenAIServer", "serve_forever"]
 
 
 class OpenAIServer:
@@ -53,7 +38,7 @@ class OpenAIServer:
     def start(self, timeout: float = 300.0) -> "OpenAIServer":
         import uvicorn  # noqa: PLC0415
 
-        from dspark_trt.serve.openai_api import app_for  # noqa: PLC0415
+        from dspark_trt.serve.openai.app import app_for  # noqa: PLC0415
 
         cfg = uvicorn.Config(app_for(self.config), host=self.config.host, port=self.config.port,
                              log_level=self.config.log_level, access_log=False)
@@ -90,7 +75,7 @@ def serve_forever(config: OpenAIConfig) -> bool:
 
     import uvicorn  # noqa: PLC0415
 
-    from dspark_trt.serve.openai_api import app_for  # noqa: PLC0415
+    from dspark_trt.serve.openai.app import app_for  # noqa: PLC0415
 
     server = uvicorn.Server(uvicorn.Config(app_for(config), host=config.host, port=config.port,
                                            log_level=config.log_level, access_log=False))

@@ -1,6 +1,6 @@
 """What a `tensorrtllm` model does with a batch of requests, executed by the reference runtime (testing only).
 
-Owns StandinEngine: the documented TensorRT-LLM 1.2.x semantics of the requests serve.trtllm_rounds sends, for a
+Owns StandinEngine: the documented TensorRT-LLM 1.2.x semantics of the requests serve.gpu_host.rounds sends, for a
 runtime CausalLM (the build's target or LM draft checkpoint), batched over every request of one execute():
 - no draft tokens: generate request_output_len tokens autoregressively (greedy argmax, ties to the lowest id; or
   a sample when temperature > 0), as the in-flight batcher does for a plain request;
@@ -20,7 +20,7 @@ from typing import Sequence
 
 import torch
 
-from dspark_trt.serve.trtllm_rounds import EngineCall, EngineReply
+from dspark_trt.serve.gpu_host.rounds import EngineCall, EngineReply
 from dspark_trt.spec_decode import accept as spec_accept
 
 __all__ = ["StandinEngine", "StandinReply"]

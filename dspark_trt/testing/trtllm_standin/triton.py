@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from dspark_trt.serve.trtllm_rounds import EngineCall
+from dspark_trt.serve.gpu_host.rounds import EngineCall
 
 log = logging.getLogger("dspark_trt.testing.trtllm_standin")
 

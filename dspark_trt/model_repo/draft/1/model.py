@@ -1,7 +1,7 @@
-"""Triton adapter for the `draft` model: all logic lives in dspark_trt.serve.triton_models.DraftModel."""
+"""Triton adapter for the `draft` model: all logic lives in dspark_trt.serve.triton.one_pass.DraftModel."""
 import triton_python_backend_utils as pb_utils
 
-from dspark_trt.serve.triton_models import DraftModel
+from dspark_trt.serve.triton.one_pass import DraftModel
 
 
 class TritonPythonModel(DraftModel):

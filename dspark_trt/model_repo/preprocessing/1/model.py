@@ -1,7 +1,7 @@
-"""Triton adapter for the `preprocessing` model: all logic lives in dspark_trt.serve.triton_models.PreprocessingModel."""
+"""Triton adapter for the `preprocessing` model: all logic lives in dspark_trt.serve.triton.preprocessing.PreprocessingModel."""
 import triton_python_backend_utils as pb_utils
 
-from dspark_trt.serve.triton_models import PreprocessingModel
+from dspark_trt.serve.triton.preprocessing import PreprocessingModel
 
 
 class TritonPythonModel(PreprocessingModel):

@@ -1,0 +1,72 @@
+"""The one served configuration: what a build allows a request, as its model repository says it.
+
+Owns `ServeConfig` (frozen): the template keys the builder fills into the `dspark` model's config.pbtxt
+parameters (BUILD_DIR, MAX_BATCH_SIZE, GAMMA, POLICY, MIN_K, MAX_K, MAX_SEQ_LEN, MAX_QUEUE), typed, plus the
+vocabulary size once the process that holds it knows it (`with_vocab`). The room one request may hold is
+spec_decode.limits.request_room (the only formula; `room`, `max_prompt_tokens` derive from it). Read by the Triton
+stubs (serve.triton, serve.gpu_host), request validation (serve.validate) and the OpenAI frontend (serve.openai).
+Torch-free, no pb_utils.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+from dspark_trt.errors import ServeError
+from dspark_trt.spec_decode.limits import request_room  # torch-free
+
+__all__ = ["ServeConfig"]
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """A build's serving limits and defaults (config.pbtxt parameters) and, where known, its vocabulary size."""
+
+    max_seq_len: int  # MAX_SEQ_LEN: KV positions per slot
+    max_batch: int  # MAX_BATCH_SIZE: KV slots (requests in flight)
+    gamma: int  # GAMMA: the draft block size γ
+    vocab_size: int | None = None  # the target's (the OpenAI frontend: its tokenizer's); None: prompt ids unchecked
+    policy: str = "survival"  # POLICY: a request's K policy unless it names one
+    min_k: int = 2  # MIN_K
+    max_k: int = 8  # MAX_K (0 in config.pbtxt = γ)
+    max_queue: int = 64  # MAX_QUEUE: above this many waiting + active requests, rounds run without speculation
+    build_dir: Path | None = None  # BUILD_DIR: the build the stubs load
+
+    @classmethod
+    def from_model_config(cls, model_config: Mapping[str, Any], vocab_size: int | None = None) -> "ServeConfig":
+        """The parameters of a model config (the python backend's args["model_config"] JSON, or a config.pbtxt
+        parsed to the same shape); ServeError naming the fix when one is missing or not a number."""
+        raw = {k: v.get("string_value", "") for k, v in model_config.get("parameters", {}).items()}
+        try:
+            gamma = int(raw["GAMMA"])
+            return cls(max_seq_len=int(raw["MAX_SEQ_LEN"]), max_batch=int(raw["MAX_BATCH_SIZE"]), gamma=gamma,
+                       vocab_size=vocab_size, policy=raw["POLICY"], min_k=int(raw["MIN_K"]),
+                       max_k=int(raw["MAX_K"]) or gamma, max_queue=int(raw["MAX_QUEUE"]),
+                       build_dir=Path(raw["BUILD_DIR"]))
+        except (KeyError, ValueError) as exc:
+            raise ServeError(f"config.pbtxt of {model_config.get('name')!r} lacks parameter {exc} or it is not a "
+                             "number; rebuild the repository with `dspark-trt build` (templates in "
+                             "dspark_trt/model_repo/)") from exc
+
+    def with_vocab(self, vocab_size: int) -> "ServeConfig":
+        """This config once the vocabulary size is known (the stub after loading the build)."""
+        return replace(self, vocab_size=int(vocab_size))
+
+    @property
+    def build(self) -> Path:
+        """BUILD_DIR; ServeError where this config did not come from a model repository."""
+        if self.build_dir is None:
+            raise ServeError("this serving config names no build directory (BUILD_DIR); read it from the model "
+                             "repository written by `dspark-trt build`")
+        return self.build_dir
+
+    @property
+    def room(self) -> int:
+        """prompt + max_tokens may not exceed this (spec_decode.limits.request_room)."""
+        return request_room(self.max_seq_len, self.gamma)
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """Longest prompt that still leaves room for one generated token and a γ-block verify."""
+        return self.room - 1
