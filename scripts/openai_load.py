@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Load check for the OpenAI-compatible API: N concurrent streaming clients (the official `openai` SDK, async),
 each sending requests back to back for T seconds; reports ok / errors, requests/s, output tokens/s (from the
-streamed `usage`), time to first token and latency percentiles. Exit status 1 if any request failed.
+streamed `usage`), time to first token and latency percentiles. Exit status 1 if any request failed. Sends
+$DSPARK_API_KEY as the API key when set (a frontend started with --api-key).
 
     .venv/bin/python scripts/openai_load.py --base-url http://127.0.0.1:9000/v1 --concurrency 8 --duration 60
     dspark-trt serve --repo build/default/model_repo --openai-port 9000   # the server it talks to
@@ -12,6 +13,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 import time
 from collections import Counter
@@ -80,7 +82,8 @@ async def worker(client, args: argparse.Namespace, model: str, w: int, deadline:
 async def main_async(args: argparse.Namespace) -> dict:
     import openai
 
-    client = openai.AsyncOpenAI(base_url=args.base_url, api_key="x", max_retries=0, timeout=args.timeout)
+    client = openai.AsyncOpenAI(base_url=args.base_url, api_key=os.environ.get("DSPARK_API_KEY") or "x",
+                                max_retries=0, timeout=args.timeout)
     model = args.model or (await client.models.list()).data[0].id
     tally = Tally()
     t0 = time.perf_counter()

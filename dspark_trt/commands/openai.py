@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 
 from dspark_trt.errors import InvalidArgumentError, ServeError
-from dspark_trt.serve.openai.config import OpenAIConfig
+from dspark_trt.serve.openai.config import API_KEY_ENV, OpenAIConfig, resolve_api_key
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,10 @@ def add_frontend_arguments(parser: argparse.ArgumentParser, with_triton: bool = 
                         help="temperature when a request has none (default: %(default)s = greedy)")
     parser.add_argument("--request-timeout", type=float, default=d.request_timeout_s,
                         help="seconds one request may stream from Triton (default: %(default)s)")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help=f"require `Authorization: Bearer KEY` on every /v1/... request (401 otherwise; /health "
+                             f"stays open); default: ${API_KEY_ENV} when set (safer than the flag, which `ps` shows "
+                             "to other users), else no key")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace, **overrides: object) -> OpenAIConfig:
     fields = dict(model_name=args.served_model_name, tokenizer_dir=args.tokenizer,
                   default_max_tokens=args.default_max_tokens, default_temperature=args.default_temperature,
-                  request_timeout_s=args.request_timeout)
+                  request_timeout_s=args.request_timeout, api_key=resolve_api_key(getattr(args, "api_key", None)))
     for name in ("triton_url", "repo", "host", "port", "log_level"):
         if hasattr(args, name):
             fields[name] = getattr(args, name)
@@ -61,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
     if args.default_max_tokens < 1:
         raise InvalidArgumentError(f"--default-max-tokens must be ≥ 1, got {args.default_max_tokens}")
     config = config_from_args(args)
-    log.info("starting the OpenAI-compatible API on %s:%d → Triton %s", config.host, config.port, config.triton_url)
+    log.info("starting the OpenAI-compatible API on %s:%d → Triton %s (%s)", config.host, config.port,
+             config.triton_url, "API key required" if config.api_key is not None else "no API key")
     if not serve_forever(config):
         raise ServeError(f"the OpenAI frontend did not start (Triton at {config.triton_url} unreachable, or port "
                          f"{config.port} taken?); see the log above")

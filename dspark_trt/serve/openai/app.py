@@ -13,7 +13,8 @@ Triton, the same messages the Triton models give), streams token ids from the de
 finish reason is the model's `finish_reason` output. A client that disconnects, or a stop string, closes the
 backend stream: the gRPC call is cancelled and a `stop` request is sent; either ends the request in the `dspark`
 stub's one cancellation path and frees its KV slot. Errors keep OpenAI's shape: 404 unknown model, 400 bad
-parameter / empty or over-long prompt (a RequestError: its param and code), 503 Triton unreachable.
+parameter / empty or over-long prompt (a RequestError: its param and code), 503 Triton unreachable; with
+OpenAIConfig.api_key set, 401 `invalid_api_key` for a /v1 request without it (serve.openai.auth's middleware).
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from dspark_trt.errors import DsparkError, RequestError, ServeError
 from dspark_trt.serve.clients.aio_client import DsparkAioClient, TritonUnavailableError
 from dspark_trt.serve.clients.client import GenerationRequest
 from dspark_trt.serve.config import ServeConfig
+from dspark_trt.serve.openai.auth import APIKeyMiddleware
 from dspark_trt.serve.openai.config import OpenAIConfig
 from dspark_trt.serve.openai.protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError, StreamText,
                                               bad, error_body, finish_reason)
@@ -302,12 +304,14 @@ def app_for(config: OpenAIConfig, model: tuple[ModelInfo, Any] | None = None) ->
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         client = DsparkAioClient(config.triton_url, config.triton_model, config.request_timeout_s)
         state["fe"] = Frontend(config, client, info, tokenizer)
-        log.info("OpenAI frontend for model %r (Triton %s, tokenizer %s)", info.name, config.triton_url,
-                 info.tokenizer_dir)
+        log.info("OpenAI frontend for model %r (Triton %s, tokenizer %s, %s)", info.name, config.triton_url,
+                 info.tokenizer_dir, "API key required" if config.api_key is not None else "no API key")
         yield
         await client.close()
 
     app = FastAPI(title="dspark_trt OpenAI-compatible API", lifespan=lifespan)
+    if config.api_key is not None:  # /v1/... needs `Authorization: Bearer <key>`; /health stays open
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
 
     @app.exception_handler(OpenAIError)
     async def on_openai_error(request: Request, exc: OpenAIError) -> Any:

@@ -1,7 +1,8 @@
 """Hosting the OpenAI-compatible frontend (dspark_trt.serve.openai.app) with uvicorn.
 
 Owns: OpenAIServer (uvicorn in a background thread: `serve --openai-port`, tests) and serve_forever (uvicorn in
-the foreground: `dspark-trt openai`). Settings are serve.openai.config.OpenAIConfig. Light to import: FastAPI,
+the foreground: `dspark-trt openai`); both warn before binding beyond loopback without an API key
+(serve.openai.auth.warn_if_exposed). Settings are serve.openai.config.OpenAIConfig. Light to import: FastAPI,
 uvicorn and the app load on start.
 """
 from __future__ import annotations
@@ -20,6 +21,18 @@ log = logging.getLogger(__name__)
 __all__ = ["OpenAIServer", "serve_forever"]
 
 
+def _uvicorn_server(config: OpenAIConfig) -> Any:
+    """uvicorn.Server for app_for(config), not started; warns first if it will listen beyond loopback without a key."""
+    import uvicorn  # noqa: PLC0415
+
+    from dspark_trt.serve.openai.app import app_for  # noqa: PLC0415
+    from dspark_trt.serve.openai.auth import warn_if_exposed  # noqa: PLC0415
+
+    warn_if_exposed(config)
+    return uvicorn.Server(uvicorn.Config(app_for(config), host=config.host, port=config.port,
+                                         log_level=config.log_level, access_log=False))
+
+
 class OpenAIServer:
     """uvicorn serving app_for(config) in a background thread (`dspark-trt serve --openai-port`, tests)."""
 
@@ -36,13 +49,7 @@ class OpenAIServer:
         return f"http://{self.config.host}:{self.config.port}/v1"
 
     def start(self, timeout: float = 300.0) -> "OpenAIServer":
-        import uvicorn  # noqa: PLC0415
-
-        from dspark_trt.serve.openai.app import app_for  # noqa: PLC0415
-
-        cfg = uvicorn.Config(app_for(self.config), host=self.config.host, port=self.config.port,
-                             log_level=self.config.log_level, access_log=False)
-        self._server = uvicorn.Server(cfg)
+        self._server = _uvicorn_server(self.config)
         self._thread = threading.Thread(target=self._server.run, name="openai-frontend", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
@@ -73,12 +80,7 @@ def serve_forever(config: OpenAIConfig) -> bool:
     """uvicorn in the foreground until SIGINT/SIGTERM (`dspark-trt openai`); False if it could not start."""
     import signal  # noqa: PLC0415
 
-    import uvicorn  # noqa: PLC0415
-
-    from dspark_trt.serve.openai.app import app_for  # noqa: PLC0415
-
-    server = uvicorn.Server(uvicorn.Config(app_for(config), host=config.host, port=config.port,
-                                           log_level=config.log_level, access_log=False))
+    server = _uvicorn_server(config)
 
     def stopped(signum: int, frame: object) -> None:  # uvicorn re-raises the signal it handled after shutdown
         log.info("%s: OpenAI frontend stopped", signal.Signals(signum).name)
