@@ -82,10 +82,18 @@ inline const char* next_block(const LinearPlan& p, int64_t blk) {
   return static_cast<const char*>(p.w) + blk * bytes;
 }
 
+// A row group's share of the next block's software prefetch: group g of G touches bytes [g/G, (g+1)/G) of the
+// block, `step` = 64/G bytes per k-pair (a line per G k-pairs, no branch), so the next block streams in under the
+// compute of all the groups of this one, not in a burst under the first. next = nullptr: no prefetch.
+struct Prefetch {
+  const char* next = nullptr;
+  int64_t step = 64;
+};
+
 // ---------------------------------------------------------------------------------------------------- float kinds
 // acc[b][h][m] (lanes = rows 8h.. of block blk0 + b) = Σ_k x[m0 + m, k] · w[row, k], k in order
 template <int KIND, int MRT, int NBT>
-inline void fma_sums(const LinearPlan& p, int64_t m0, int64_t blk0, __m256 (&out)[NBT][2][MRT], const char* pf = nullptr) {
+inline void fma_sums(const LinearPlan& p, int64_t m0, int64_t blk0, __m256 (&out)[NBT][2][MRT], Prefetch pf = {}) {
   __m256 acc[NBT][2][MRT];  // local: the caller's array may alias the activations (float), which would force a
                             // store of every accumulator on every k step
   for (int b = 0; b < NBT; ++b)
@@ -93,32 +101,34 @@ inline void fma_sums(const LinearPlan& p, int64_t m0, int64_t blk0, __m256 (&out
       for (int m = 0; m < MRT; ++m) acc[b][h][m] = _mm256_setzero_ps();
   const int64_t Kp = p.Kp, ldx = p.ldx;
   const float* xr = static_cast<const float*>(p.x) + m0 * ldx;
-  // Loop order for 16 ymm registers: a block's four weight vectors (both halves) once, then per row x broadcast
-  // once and used for both halves: 2·MRT·NBT accumulators + 4·NBT weight + 2 x registers (MRT ≤ 4 at NBT = 1),
-  // two FMAs per broadcast.
+  // Loop order for 16 ymm registers: per k of a k-pair, a block's two weight vectors (both halves), then per row x
+  // broadcast once and used for both halves: 2·MRT·NBT accumulators + 2·NBT weight + 1 x register (MRT ≤ 6 at
+  // NBT = 1). Each accumulator still takes k, then k + 1 (the bits of the AVX-512 engine); ≥ 8 chains (MRT ≥ 4)
+  // hide the FMA latency.
   if constexpr (KIND == P_BF16) {
     const int64_t kq = Kp / 2;
     const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
     for (int64_t k2 = 0; k2 < kq; ++k2) {
-      if (pf) _mm_prefetch(pf + k2 * 64, _MM_HINT_T0);  // the next block's line at this k (one line per k2)
+      if (pf.next) _mm_prefetch(pf.next + k2 * pf.step, _MM_HINT_T0);
       for (int b = 0; b < NBT; ++b) {
         const uint16_t* wp = static_cast<const uint16_t*>(p.w) + ((blk0 + b) * kq + k2) * 32;
-        __m256 w0[2], w1[2];
-        for (int h = 0; h < 2; ++h) {
-          const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 16 * h));
-          w0[h] = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
-          w1[h] = _mm256_castsi256_ps(_mm256_and_si256(raw, hi_mask));
-        }
-        for (int m = 0; m < MRT; ++m) {
-          const __m256 x0 = _mm256_broadcast_ss(xr + m * ldx + 2 * k2), x1 = _mm256_broadcast_ss(xr + m * ldx + 2 * k2 + 1);
-          for (int h = 0; h < 2; ++h) acc[b][h][m] = _mm256_fmadd_ps(x1, w1[h], _mm256_fmadd_ps(x0, w0[h], acc[b][h][m]));
+        for (int j = 0; j < 2; ++j) {  // k = 2·k2 + j: the low (j = 0) or high (j = 1) bf16 of each lane
+          __m256 w[2];
+          for (int h = 0; h < 2; ++h) {
+            const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + 16 * h));
+            w[h] = _mm256_castsi256_ps(j == 0 ? _mm256_slli_epi32(raw, 16) : _mm256_and_si256(raw, hi_mask));
+          }
+          for (int m = 0; m < MRT; ++m) {
+            const __m256 xv = _mm256_broadcast_ss(xr + m * ldx + 2 * k2 + j);
+            for (int h = 0; h < 2; ++h) acc[b][h][m] = _mm256_fmadd_ps(xv, w[h], acc[b][h][m]);
+          }
         }
       }
     }
   } else {  // P_F32, P_I8F: [NB, K, 16]
     const int64_t line = KIND == P_F32 ? 64 : 16;  // bytes of one k of a block
     for (int64_t k = 0; k < Kp; ++k) {
-      if (pf && (k * line) % 64 == 0) _mm_prefetch(pf + k * line, _MM_HINT_T0);
+      if (pf.next && (k * line) % 64 == 0) _mm_prefetch(pf.next + k * line * pf.step / 64, _MM_HINT_T0);
       for (int b = 0; b < NBT; ++b) {
         __m256 wv[2];
         for (int h = 0; h < 2; ++h) {
@@ -197,7 +207,13 @@ inline void int_values(const LinearPlan& p, int64_t m0, const __m256d (&tot)[NBT
 // Rows m0 .. m0 + MRT − 1 × blocks blk0 .. blk0 + NBT − 1 → outputs. PAIR (SwiGLU, NBT = 1): blocks blk0 (up) and
 // blk0 + 1 (fc) summed in two passes of one block each, then emitted together (fewer live registers).
 template <int KIND, int MRT, int NBT, bool PAIR = false>
-void tile(const LinearPlan& p, int64_t m0, int64_t blk0, bool pf = false) {
+void tile(const LinearPlan& p, int64_t m0, int64_t blk0, int part = 0, int parts = 0) {
+  auto pf = [&](int64_t blk) {  // bytes of a block = Kp · 32 (bf16), 64 (fp32), 16 (int8 with fp32 activations)
+    const char* nb = parts ? next_block(p, blk) : nullptr;
+    if (!nb) return Prefetch{};
+    const int64_t bytes = p.Kp * 16 * (KIND == P_F32 ? 4 : (KIND == P_BF16 ? 2 : 1));
+    return Prefetch{nb + bytes * part / parts, 64 / parts};
+  };
   constexpr int NB = PAIR ? 2 : NBT;
   if constexpr (KIND == P_SQ) {  // the int8 kinds (P_SQ stands for P_SQ and P_I8Q)
     __m256d tot[NB][4][MRT];
@@ -215,10 +231,10 @@ void tile(const LinearPlan& p, int64_t m0, int64_t blk0, bool pf = false) {
   } else {
     __m256 acc[NB][2][MRT];
     if constexpr (PAIR) {
-      fma_sums<KIND, MRT, 1>(p, m0, blk0, reinterpret_cast<__m256(&)[1][2][MRT]>(acc[0]), pf ? next_block(p, blk0 + 2) : nullptr);
-      fma_sums<KIND, MRT, 1>(p, m0, blk0 + 1, reinterpret_cast<__m256(&)[1][2][MRT]>(acc[1]), pf ? next_block(p, blk0 + 3) : nullptr);
+      fma_sums<KIND, MRT, 1>(p, m0, blk0, reinterpret_cast<__m256(&)[1][2][MRT]>(acc[0]), pf(blk0 + 2));
+      fma_sums<KIND, MRT, 1>(p, m0, blk0 + 1, reinterpret_cast<__m256(&)[1][2][MRT]>(acc[1]), pf(blk0 + 3));
     } else {
-      fma_sums<KIND, MRT, NB>(p, m0, blk0, acc, pf ? next_block(p, blk0 + NB) : nullptr);
+      fma_sums<KIND, MRT, NB>(p, m0, blk0, acc, pf(blk0 + NB));
     }
     for (int m = 0; m < MRT; ++m) {
       __m256 v[NB][2];
@@ -303,32 +319,34 @@ void one_row(const LinearPlan& p, int64_t m, int64_t b0, int64_t b1) {
 
 // Several rows: for each weight block (a SwiGLU pair), every row group in turn while the block is in L1, so the
 // weights stream from memory at an even rate under the compute instead of in bursts. Groups are sized evenly, at
-// most MR rows (9 rows = 3 + 3 + 3: a 1-row group has too few FMA chains to hide their latency).
+// most MR rows (9 rows = 4 + 5 at MR = 6: a 1-row group has too few FMA chains to hide their latency).
 template <int KIND, int MR, typename Fn>
 void row_groups(const LinearPlan& p, int64_t b0, int64_t b1, Fn&& fn) {
   const int64_t groups = (p.M + MR - 1) / MR;
   for (int64_t blk = b0; blk < b1; blk += p.swiglu ? 2 : 1) {
     for (int64_t g = 0, m0 = 0; g < groups; ++g) {
       const int64_t mr = (p.M - m0) / (groups - g);  // even split: sizes differ by at most one
-      fn(m0, mr, blk, g == 0);  // the first group streams the block from memory: it prefetches the next one
+      fn(m0, mr, blk, static_cast<int>(g), static_cast<int>(groups));  // group g prefetches its share of the next block
       m0 += mr;
     }
   }
 }
 
-// Float kinds: groups of ≤ 4 rows × one block, both halves (≤ 8 FMA chains, two FMAs per broadcast)
+// Float kinds: groups of ≤ 6 rows × one block, both halves (≤ 12 FMA chains, two FMAs per broadcast)
 template <int KIND>
 void float_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
-  row_groups<KIND, 4>(p, b0, b1, [&](int64_t m0, int64_t mr, int64_t blk, bool pf) {
+  row_groups<KIND, 6>(p, b0, b1, [&](int64_t m0, int64_t mr, int64_t blk, int g, int groups) {
     auto run = [&](auto rows) {
       constexpr int R = decltype(rows)::value;
-      if (p.swiglu) tile<KIND, R, 1, true>(p, m0, blk, pf); else tile<KIND, R, 1>(p, m0, blk, pf);
+      if (p.swiglu) tile<KIND, R, 1, true>(p, m0, blk, g, groups); else tile<KIND, R, 1>(p, m0, blk, g, groups);
     };
     switch (mr) {
       case 1: return run(std::integral_constant<int, 1>());
       case 2: return run(std::integral_constant<int, 2>());
       case 3: return run(std::integral_constant<int, 3>());
-      default: return run(std::integral_constant<int, 4>());
+      case 4: return run(std::integral_constant<int, 4>());
+      case 5: return run(std::integral_constant<int, 5>());
+      default: return run(std::integral_constant<int, 6>());
     }
   });
 }
@@ -336,7 +354,8 @@ void float_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
 // Int8 kinds: groups of ≤ 10 rows × one block, through many_rows (one accumulator per row and quarter)
 void int_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
   if (p.M == 1) return one_row<P_SQ, 2>(p, 0, b0, b1);
-  row_groups<P_SQ, 10>(p, b0, b1, [&](int64_t m0, int64_t mr, int64_t blk, bool pf) {
+  row_groups<P_SQ, 10>(p, b0, b1, [&](int64_t m0, int64_t mr, int64_t blk, int g, int) {
+    const bool pf = g == 0;  // the first group streams the block from memory: it prefetches the next one
     switch (mr) {
       case 1: return many_rows<1>(p, m0, blk, pf);
       case 2: return many_rows<2>(p, m0, blk, pf);
