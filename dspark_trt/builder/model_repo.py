@@ -118,8 +118,25 @@ def fill_model_repo(opts: BuildOptions, build_dir: Path, template: Path = TEMPLA
     return {"path": dest_name, "filled": filled, "values": values}
 
 
-def fill_trtllm_repo(opts: BuildOptions, build_dir: Path, draft_engine: bool = True) -> dict[str, object]:
+def tap_outputs_pbtxt(taps: Sequence[int]) -> str:
+    """The `output` declarations of the tapped target's extra engine outputs ([1, n, hidden] per request, FP32 as
+    the scheduler reads them), appended to target/config.pbtxt (a repeated field may be given again)."""
+    from dspark_trt.builder.trtllm_taps import tap_output_names  # noqa: PLC0415 - torch-free, no tensorrt_llm
+
+    decl = ",\n".join(f'  {{\n    name: "{n}"\n    data_type: TYPE_FP32\n    dims: [ -1, -1 ]\n  }}'
+                      for n in tap_output_names(taps))
+    return ("# DSpark: the tapped target's residual stream after each drafter tap layer (builder/trtllm_taps.py)\n"
+            f"output [\n{decl}\n]\n")
+
+
+def fill_trtllm_repo(opts: BuildOptions, build_dir: Path, draft_engine: bool = True,
+                     taps: Sequence[int] = ()) -> dict[str, object]:
     """build_dir/model_repo_trtllm: model_repo/ with model_repo_trtllm/'s target + draft (tensorrtllm) and dspark
-    adapter; no `draft` without a draft engine."""
-    return fill_model_repo(opts, build_dir, TEMPLATE_DIR, dest_name=TRTLLM_REPO, overlay=TRTLLM_TEMPLATE_DIR,
-                           drop=() if draft_engine else ("draft",))
+    adapter; no `draft` without a draft engine; taps (a DSpark pair): the tapped target's outputs declared."""
+    facts = fill_model_repo(opts, build_dir, TEMPLATE_DIR, dest_name=TRTLLM_REPO, overlay=TRTLLM_TEMPLATE_DIR,
+                            drop=() if draft_engine else ("draft",))
+    if taps:
+        cfg = Path(build_dir) / TRTLLM_REPO / "target" / "config.pbtxt"
+        cfg.write_text(cfg.read_text().rstrip("\n") + "\n" + tap_outputs_pbtxt(taps))
+        facts["tap_outputs"] = [f"dspark_tap_{int(t)}" for t in taps]
+    return facts

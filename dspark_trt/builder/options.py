@@ -49,6 +49,7 @@ class BuildOptions:
     build_engines: bool = True  # try TensorRT-LLM when present; never required
     bench: bool = True  # measure the exported target's decode speed in the verify stage (informational)
     serving: str = "reference"  # one of SERVING_MODES (docs/gpu.md)
+    cost_table: str | None = None  # survival CostTable JSON for the TensorRT-LLM >= 1.4 DSpark config (None: linear)
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> InvalidArgumentError:

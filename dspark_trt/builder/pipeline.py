@@ -101,7 +101,8 @@ class BuildPipeline:
         if not self._skip("verify", verify_key):
             self._verify(pair, verify_key)
         engines_key = hash_json({"export": export_key, **{k: getattr(opts, k) for k in (
-            "max_draft_len", "max_batch_size", "max_seq_len", "build_engines")}})
+            "max_draft_len", "max_batch_size", "max_seq_len", "build_engines", "cost_table", "policy", "min_k",
+            "max_k")}})
         if not self._skip("engines", engines_key):
             self._engines(pair, engines_key)
         from dspark_trt.builder.model_repo import template_hashes, template_values
@@ -236,13 +237,11 @@ class BuildPipeline:
         repos: dict[str, Any] = {}
         if opts.serves_reference:
             repos["model_repo"] = fill_model_repo(opts, self.out)
-        if opts.serves_trtllm and pair.draft_kind != "dspark":
-            repos["model_repo_trtllm"] = fill_trtllm_repo(opts, self.out, draft_engine=True)
+        if opts.serves_trtllm:  # DSpark: no draft engine; the target is the tapped target (its outputs declared)
+            repos["model_repo_trtllm"] = fill_trtllm_repo(opts, self.out, draft_engine=pair.draft_kind != "dspark",
+                                                          taps=drafter_taps(pair))
         facts: dict[str, Any] = dict(repos.get("model_repo") or next(iter(repos.values())))
         facts.update(serving=opts.serving, paths=list(repos), repositories={k: v["filled"] for k, v in repos.items()})
-        if opts.serves_trtllm and pair.draft_kind == "dspark":
-            facts["model_repo_trtllm"] = TRTLLM_DSPARK_SKIPPED
-            log.warning("model_repo_trtllm not written: %s", TRTLLM_DSPARK_SKIPPED)
         return facts
 
     def _engines(self, pair: ValidatedPair, key: str) -> None:
@@ -254,25 +253,39 @@ class BuildPipeline:
         engines = self.out / "engines"
         if engines.exists():
             shutil.rmtree(engines)
+        taps = drafter_taps(pair)
         facts = trtllm.build_engines(engines, self.opts, self.out / "target" / "checkpoint",
                                      self.out / "draft" / "checkpoint", pair.draft_kind, tq.get("quant_algo"),
-                                     dq.get("quant_algo"))
+                                     dq.get("quant_algo"), taps)
         facts["paths"] = ["engines"]
+        if pair.draft_kind == "dspark":
+            from dspark_trt.builder.llmapi import write_llmapi
+
+            facts["llmapi"] = write_llmapi(engines / "llmapi", self.opts, self.out, pair.draft)
+            facts["paths"].append("engines/llmapi")
         st.step(1, "built" if facts.get("built") else "plan only")
         self._record("engines", key, facts, st.close())
 
 
-TRTLLM_DSPARK_SKIPPED = ("the DSpark drafter needs the target's hidden states, which stock TensorRT-LLM engines do not "
-                         "return; DSpark builds are served by model_repo/ (reference runtime, on CUDA on a GPU host). "
-                         "See docs/gpu.md")
+def drafter_taps(pair: ValidatedPair) -> tuple[int, ...]:
+    """The DSpark drafter's target_layer_ids (from its config.json); () for an LM drafter."""
+    if pair.draft_kind != "dspark":
+        return ()
+    import json
+
+    cfg = json.loads((pair.draft / "config.json").read_text())
+    taps = tuple(int(t) for t in cfg.get("target_layer_ids") or ())
+    if not taps:
+        raise BuildError(f"{pair.draft}/config.json has no target_layer_ids; a DSpark drafter lists the target layers "
+                         "it reads. Fix: use a drafter trained by `dspark-trt train-drafter`.")
+    return taps
 
 
 def check_serving(opts: BuildOptions, draft_kind: str) -> None:
-    """--serving trtllm needs a drafter TensorRT-LLM can build (an LM / PARD checkpoint); BuildError otherwise."""
-    if opts.serving == "trtllm" and draft_kind == "dspark":
-        raise BuildError(f"--serving trtllm cannot serve this build: {TRTLLM_DSPARK_SKIPPED}. Fix: use --serving "
-                         "reference (or both, which writes model_repo/ and says why model_repo_trtllm/ is absent), "
-                         "or pass an LM / PARD --draft checkpoint.")
+    """Every --serving mode takes every drafter kind: LM / PARD drafters get a draft engine, DSpark drafters the
+    tapped target (builder/trtllm_taps.py) and the reference drafter in the GPU-host `dspark` model (docs/gpu.md)."""
+    if draft_kind not in ("lm", "dspark"):
+        raise BuildError(f"unknown drafter kind {draft_kind!r}; pass an LM / PARD or a DSpark --draft checkpoint.")
 
 
 def run_build(opts: BuildOptions, quiet: bool = False, on_done: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:

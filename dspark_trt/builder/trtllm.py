@@ -8,6 +8,9 @@ per rank → tensorrt_llm.builder.build → Engine.save), one process per rank u
 Our TensorRT plugins (`dspark_trt.kernels.trt.register_all`) are registered first. Without
 TensorRT-LLM the stage writes engines/build_engines.sh + engines/{target,draft}.build_config.json and
 engines/NOT_BUILT.txt saying why; the pipeline then continues on the reference runtime.
+DSpark pairs get the tapped target instead (role "target_taps", builder/trtllm_taps.py): no speculative mode, context
+logits gathered, the drafter's tap layers marked as engine outputs; it is built through the Python API only
+(`python3 -m dspark_trt.builder.trtllm ... --tap_layers`), since the tap list travels on the PretrainedConfig.
 Every flag and key here is checked against TensorRT-LLM 1.2.1 names in tests/builder/trtllm_1_2_1_names.json.
 """
 from __future__ import annotations
@@ -17,13 +20,15 @@ import importlib
 import importlib.util
 import json
 import logging
+import os
 import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from dspark_trt.builder.options import BuildOptions
+from dspark_trt.builder.trtllm_taps import tap_output_names
 from dspark_trt.errors import BuildError
 
 log = logging.getLogger(__name__)
@@ -60,7 +65,7 @@ def plugin_config(opts: BuildOptions, role: str, quant_algo: str | None) -> dict
         "tokens_per_block": TOKENS_PER_BLOCK,
         "remove_input_padding": True,
     }
-    if opts.kv_quant == "fp8" and role == "target":
+    if opts.kv_quant == "fp8" and role in ("target", "target_taps"):
         pc["use_fp8_context_fmha"] = True
     if opts.tp_size > 1:
         pc["nccl_plugin"] = "auto"
@@ -69,14 +74,16 @@ def plugin_config(opts: BuildOptions, role: str, quant_algo: str | None) -> dict
 
 def build_config(opts: BuildOptions, role: str, quant_algo: str | None) -> dict[str, Any]:
     """BuildConfig fields (TensorRT-LLM 1.2.1 names) for the target or the LM draft engine."""
-    target = role == "target"
+    target = role == "target"  # the draft/target recipe's target (external draft tokens)
+    taps = role == "target_taps"  # the DSpark tapped target: blocks verified as context requests
     return {
-        "max_input_len": opts.max_input_len,
+        "max_input_len": opts.max_input_len + (opts.max_draft_len if taps else 0),  # sequence + d_1..d_K as context
         "max_seq_len": opts.max_seq_len,
         "max_batch_size": opts.max_batch_size,
         "max_beam_width": 1,
         "max_num_tokens": opts.max_batch_size * (opts.max_draft_len + 1) + opts.max_input_len,
         "kv_cache_type": "paged",
+        "gather_context_logits": taps,
         "gather_generation_logits": target,
         "max_draft_len": opts.max_draft_len if target else 0,
         "speculative_decoding_mode": "draft_tokens_external" if target else None,
@@ -101,6 +108,20 @@ def _flag_value(v: Any) -> str:
     return str(v)
 
 
+def tap_facts(taps: Sequence[int]) -> dict[str, Any]:
+    """Manifest facts of the tapped target: the layers and their engine output names."""
+    return {"target_engine": "tapped", "tap_layers": [int(t) for t in taps], "tap_outputs": list(tap_output_names(taps)),
+            "verify": "context request over sequence + draft, context logits (no speculative_decoding_mode)"}
+
+
+def tapped_build_command(ckpt: Path, engine_dir: Path, build_config_file: Path, opts: BuildOptions,
+                         taps: Sequence[int]) -> list[str]:
+    """The Python-API build of the tapped target (this module's __main__), under mpirun for tp > 1."""
+    argv = ["python3", "-m", "dspark_trt.builder.trtllm", "--checkpoint_dir", str(ckpt), "--output_dir", str(engine_dir),
+            "--build_config", str(build_config_file), "--tap_layers", ",".join(str(int(t)) for t in taps)]
+    return (["mpirun", "-n", str(opts.tp_size), "--allow-run-as-root"] + argv) if opts.tp_size > 1 else argv
+
+
 def trtllm_build_command(ckpt: Path, engine_dir: Path, opts: BuildOptions, role: str, quant_algo: str | None) -> list[str]:
     """`trtllm-build` argv equivalent to build_config() (flag names as in tensorrt_llm/commands/build.py)."""
     bc = build_config(opts, role, quant_algo)
@@ -112,6 +133,8 @@ def trtllm_build_command(ckpt: Path, engine_dir: Path, opts: BuildOptions, role:
         argv += ["--speculative_decoding_mode", bc["speculative_decoding_mode"], "--max_draft_len", str(bc["max_draft_len"])]
     if bc["gather_generation_logits"]:
         argv += ["--gather_generation_logits"]
+    if bc["gather_context_logits"]:
+        argv += ["--gather_context_logits"]
     pc = bc["plugin_config"]
     for key in ("gpt_attention_plugin", "gemm_plugin", "context_fmha", "use_paged_context_fmha", "tokens_per_block",
                 "remove_input_padding", "use_fp8_context_fmha", "nccl_plugin"):
@@ -122,7 +145,8 @@ def trtllm_build_command(ckpt: Path, engine_dir: Path, opts: BuildOptions, role:
 
 
 def write_engine_plan(engines: Path, opts: BuildOptions, target_ckpt: Path, draft_ckpt: Path, draft_kind: str,
-                      target_algo: str | None, draft_algo: str | None, reason: str) -> dict[str, Any]:
+                      target_algo: str | None, draft_algo: str | None, reason: str,
+                      taps: Sequence[int] = ()) -> dict[str, Any]:
     """engines/build_engines.sh + {target,draft}.build_config.json + NOT_BUILT.txt; returns manifest facts."""
     engines.mkdir(parents=True, exist_ok=True)
     root = engines.parent
@@ -135,13 +159,24 @@ def write_engine_plan(engines: Path, opts: BuildOptions, target_ckpt: Path, draf
              "# TensorRT-LLM 1.2.x engines for this build (run on a GPU host with tensorrt-llm 1.2.x installed).",
              f"# Written by `dspark-trt build` because engines were not built here: {reason}",
              "set -euo pipefail", 'BUILD_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"', ""]
-    (engines / "target.build_config.json").write_text(json.dumps(build_config_json(opts, "target", target_algo), indent=2) + "\n")
-    cmd = trtllm_build_command(Path("CKPT"), Path("OUT"), opts, "target", target_algo)
-    cmd[2], cmd[4] = rel(target_ckpt), "$BUILD_DIR/engines/target"
-    lines += ["# target: verifies up to γ = max_draft_len external draft tokens per step",
-              " ".join(shlex.quote(c) if not c.startswith("$") else f'"{c}"' for c in cmd), ""]
     facts: dict[str, Any] = {"built": False, "reason": reason, "script": "engines/build_engines.sh",
                              "build_configs": ["engines/target.build_config.json"]}
+    if draft_kind == "dspark":
+        (engines / "target.build_config.json").write_text(
+            json.dumps(build_config_json(opts, "target_taps", target_algo), indent=2) + "\n")
+        cmd = tapped_build_command(Path(rel(target_ckpt)), Path("$BUILD_DIR/engines/target"),
+                                   Path("$BUILD_DIR/engines/target.build_config.json"), opts, taps)
+        lines += ["# target: the tapped target (DSpark): the drafter's tap layers as engine outputs "
+                  f"{', '.join(tap_output_names(taps))};",
+                  "# blocks are verified as context requests (context logits), built through the TensorRT-LLM Python API",
+                  " ".join(shlex.quote(c) if "$" not in c else f'"{c}"' for c in cmd), ""]
+        facts.update(tap_facts(taps))
+    else:
+        (engines / "target.build_config.json").write_text(json.dumps(build_config_json(opts, "target", target_algo), indent=2) + "\n")
+        cmd = trtllm_build_command(Path("CKPT"), Path("OUT"), opts, "target", target_algo)
+        cmd[2], cmd[4] = rel(target_ckpt), "$BUILD_DIR/engines/target"
+        lines += ["# target: verifies up to γ = max_draft_len external draft tokens per step",
+                  " ".join(shlex.quote(c) if not c.startswith("$") else f'"{c}"' for c in cmd), ""]
     if draft_kind == "lm":
         (engines / "draft.build_config.json").write_text(json.dumps(build_config_json(opts, "draft", draft_algo), indent=2) + "\n")
         cmd = trtllm_build_command(Path("CKPT"), Path("OUT"), opts, "draft", draft_algo)
@@ -151,8 +186,8 @@ def write_engine_plan(engines: Path, opts: BuildOptions, target_ckpt: Path, draf
         facts["build_configs"].append("engines/draft.build_config.json")
     else:
         lines += ["# draft: the DSpark drafter (architecture DSparkDrafter) is not in TensorRT-LLM's MODEL_MAP, so",
-                  "# trtllm-build cannot compile it; it runs in the reference runtime (or as our block_draft",
-                  "# TensorRT plugin). See docs/build.md."]
+                  "# trtllm-build cannot compile it; on the GPU host it runs in the reference runtime on CUDA, fed the",
+                  "# tapped target's outputs (docs/gpu.md). TensorRT-LLM >= 1.4: engines/llmapi/ (no engines needed)."]
         facts["draft_engine"] = "not buildable: DSparkDrafter has no TensorRT-LLM model class"
     script = engines / "build_engines.sh"
     script.write_text("\n".join(lines) + "\n")
@@ -169,8 +204,9 @@ def register_plugins() -> tuple[str, ...]:
     return tuple(mod.register_all())
 
 
-def _build_rank(ckpt: Path, out: Path, bc_dict: dict[str, Any], rank: int) -> None:
-    """Build and save one rank's engine through the TensorRT-LLM 1.2.x Python API."""
+def _build_rank(ckpt: Path, out: Path, bc_dict: dict[str, Any], rank: int, taps: Sequence[int] = ()) -> None:
+    """Build and save one rank's engine through the TensorRT-LLM 1.2.x Python API (taps: the tapped target class,
+    builder/trtllm_taps.py, with config.dspark_tap_layers). bc_dict: build_config() or build_config_json()."""
     import copy
 
     from tensorrt_llm.builder import BuildConfig, build
@@ -180,28 +216,40 @@ def _build_rank(ckpt: Path, out: Path, bc_dict: dict[str, Any], rank: int) -> No
 
     d = copy.deepcopy(bc_dict)
     mode = d.pop("speculative_decoding_mode")
-    d["speculative_decoding_mode"] = (SpeculativeDecodingMode.DRAFT_TOKENS_EXTERNAL if mode == "draft_tokens_external"
+    d["speculative_decoding_mode"] = (SpeculativeDecodingMode.DRAFT_TOKENS_EXTERNAL
+                                      if mode in ("draft_tokens_external", SPEC_MODE_VALUE["draft_tokens_external"])
                                       else SpeculativeDecodingMode.NONE)
+    d["kv_cache_type"] = str(d.get("kv_cache_type", "paged")).lower()
     pc = PluginConfig(**d.pop("plugin_config"))
     bc = BuildConfig.from_dict(d, plugin_config=pc)
     cfg = PretrainedConfig.from_json_file(str(ckpt / "config.json"))
     cfg.set_rank(rank)
-    model = MODEL_MAP[cfg.architecture].from_checkpoint(str(ckpt), rank=rank, config=cfg)
+    if taps:
+        from dspark_trt.builder.trtllm_taps import tapped_model_class
+
+        cfg.dspark_tap_layers = [int(t) for t in taps]
+        model_cls = tapped_model_class(cfg.architecture)
+    else:
+        model_cls = MODEL_MAP[cfg.architecture]
+    model = model_cls.from_checkpoint(str(ckpt), rank=rank, config=cfg)
     engine = build(model, bc)
     engine.save(str(out))
 
 
-def build_engine(ckpt: Path, out: Path, opts: BuildOptions, role: str, quant_algo: str | None) -> dict[str, Any]:
+def build_engine(ckpt: Path, out: Path, opts: BuildOptions, role: str, quant_algo: str | None,
+                 taps: Sequence[int] = ()) -> dict[str, Any]:
     """Build one engine (all ranks); in process for tp 1, else `mpirun -n TP` of this module."""
     bc = build_config(opts, role, quant_algo)
     out.mkdir(parents=True, exist_ok=True)
     if opts.tp_size == 1:
-        _build_rank(ckpt, out, bc, 0)
+        _build_rank(ckpt, out, bc, 0, taps)
     else:
         cfg_file = out / "build_config.json"
         cfg_file.write_text(json.dumps(bc))
         cmd = ["mpirun", "-n", str(opts.tp_size), "--allow-run-as-root", sys.executable, "-m", "dspark_trt.builder.trtllm",
                "--checkpoint_dir", str(ckpt), "--output_dir", str(out), "--build_config", str(cfg_file)]
+        if taps:
+            cmd += ["--tap_layers", ",".join(str(int(t)) for t in taps)]
         log.info("building %s engine: %s", role, " ".join(cmd))
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode:
@@ -211,21 +259,27 @@ def build_engine(ckpt: Path, out: Path, opts: BuildOptions, role: str, quant_alg
 
 
 def build_engines(engines: Path, opts: BuildOptions, target_ckpt: Path, draft_ckpt: Path, draft_kind: str,
-                  target_algo: str | None, draft_algo: str | None) -> dict[str, Any]:
+                  target_algo: str | None, draft_algo: str | None, taps: Sequence[int] = ()) -> dict[str, Any]:
     """Build with TensorRT-LLM when a 1.2.x is importable, else write the plan. Returns manifest facts."""
     version = trtllm_version() if opts.build_engines else None
     if version is None:
         reason = ("--no-engines was given" if not opts.build_engines else
                   "tensorrt_llm is not importable here (TensorRT-LLM 1.2.x needs an NVIDIA GPU host with TensorRT 10.14)")
         log.warning("engines NOT built: %s; wrote engines/build_engines.sh; continuing with the reference runtime", reason)
-        return write_engine_plan(engines, opts, target_ckpt, draft_ckpt, draft_kind, target_algo, draft_algo, reason)
+        return write_engine_plan(engines, opts, target_ckpt, draft_ckpt, draft_kind, target_algo, draft_algo, reason,
+                                 taps)
     if not version.startswith(SUPPORTED_LINE):
         reason = f"tensorrt_llm {version} is installed but the engine path needs {SUPPORTED_LINE}.x (1.3 removed trtllm-build)"
         log.warning("engines NOT built: %s", reason)
-        return write_engine_plan(engines, opts, target_ckpt, draft_ckpt, draft_kind, target_algo, draft_algo, reason)
+        return write_engine_plan(engines, opts, target_ckpt, draft_ckpt, draft_kind, target_algo, draft_algo, reason,
+                                 taps)
     plugins = register_plugins()
     facts: dict[str, Any] = {"built": True, "tensorrt_llm": version, "plugins": list(plugins)}
-    facts["target"] = build_engine(target_ckpt, engines / "target", opts, "target", target_algo)
+    if draft_kind == "dspark":
+        facts["target"] = build_engine(target_ckpt, engines / "target", opts, "target_taps", target_algo, taps)
+        facts.update(tap_facts(taps))
+    else:
+        facts["target"] = build_engine(target_ckpt, engines / "target", opts, "target", target_algo)
     if draft_kind == "lm":
         facts["draft"] = build_engine(draft_ckpt, engines / "draft", opts, "draft", draft_algo)
     else:
@@ -239,12 +293,18 @@ def _mpi_main(argv: list[str] | None = None) -> int:
     p.add_argument("--checkpoint_dir", required=True)
     p.add_argument("--output_dir", required=True)
     p.add_argument("--build_config", required=True)
+    p.add_argument("--tap_layers", default="", help="comma-separated layers: build the tapped target (DSpark)")
     a = p.parse_args(argv)
+    taps = tuple(int(t) for t in a.tap_layers.split(",") if t.strip())
+    bc = json.loads(Path(a.build_config).read_text())
+    register_plugins()
+    if "OMPI_COMM_WORLD_SIZE" not in os.environ:  # a plain `python3 -m` run: one rank
+        _build_rank(Path(a.checkpoint_dir), Path(a.output_dir), bc, 0, taps)
+        return 0
     from mpi4py import MPI
 
     rank = MPI.COMM_WORLD.Get_rank()
-    register_plugins()
-    _build_rank(Path(a.checkpoint_dir), Path(a.output_dir), json.loads(Path(a.build_config).read_text()), rank)
+    _build_rank(Path(a.checkpoint_dir), Path(a.output_dir), bc, rank, taps)
     MPI.COMM_WORLD.Barrier()
     return 0
 

@@ -51,7 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--serving", default=_D.serving, choices=SERVING_MODES,
                    help="model repositories to write: reference = model_repo/ (reference runtime), trtllm = "
                         "model_repo_trtllm/ (GPU host: TensorRT-LLM engines behind Triton's in-flight batcher, "
-                        "LM/PARD drafters), both (default %(default)s; docs/gpu.md)")
+                        "LM/PARD and DSpark drafters), both (default %(default)s; docs/gpu.md)")
+    p.add_argument("--cost-table", dest="cost_table", default=_D.cost_table, metavar="JSON",
+                   help="survival cost table (spec_decode.scheduler.CostTable JSON) exported into the TensorRT-LLM "
+                        ">= 1.4 DSpark config (default: the relative linear model)")
     p.add_argument("--no-engines", dest="build_engines", action="store_false",
                    help="never try TensorRT-LLM; only write engines/build_engines.sh")
     p.add_argument("--no-bench", dest="bench", action="store_false",

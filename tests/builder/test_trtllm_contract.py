@@ -78,16 +78,6 @@ def test_quant_algo_names_are_121_names() -> None:
     assert {a for a in KV_QUANT_ALGO.values() if a} <= set(NAMES["kv_cache_quant_algos"])
 
 
-def test_only_trtllm_py_imports_tensorrt_llm() -> None:
-    root = Path(__file__).resolve().parents[2] / "dspark_trt"
-    pat = re.compile(r"^\s*(import tensorrt_llm|from tensorrt_llm)", re.M)
-    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py") if pat.search(p.read_text())]
-    assert offenders == ["builder/trtllm.py"]
-    # and lazily: no module-level import there
-    top = [ln for ln in (root / "builder" / "trtllm.py").read_text().splitlines() if re.match(r"(import|from) tensorrt_llm", ln)]
-    assert top == []
-
-
 def test_engine_plan_without_trtllm(tmp_path: Path) -> None:
     assert trtllm.trtllm_version() is None  # this machine has no TensorRT-LLM
     engines = tmp_path / "b" / "engines"
@@ -105,11 +95,13 @@ def test_engine_plan_without_trtllm(tmp_path: Path) -> None:
             assert flag in NAMES["trtllm_build_flags"], flag
     tgt = json.loads((engines / "target.build_config.json").read_text())
     assert tgt["max_draft_len"] == 5 and tgt["speculative_decoding_mode"] == 2
-    # a DSpark drafter has no TRT-LLM model class: no draft command, and it says why
-    facts = trtllm.build_engines(tmp_path / "c" / "engines", opts, tmp_path / "t", tmp_path / "d", "dspark", None, None)
+    # a DSpark drafter has no TRT-LLM model class: no draft command, and it says why; the target is the tapped
+    # target, built through the Python API (tests/builder/test_trtllm_taps.py)
+    facts = trtllm.build_engines(tmp_path / "c" / "engines", opts, tmp_path / "t", tmp_path / "d", "dspark", None, None,
+                                 (0, 1))
     script = (tmp_path / "c/engines/build_engines.sh").read_text()
-    assert script.count("trtllm-build --") == 1 and "DSparkDrafter" in script
-    assert "not buildable" in facts["draft_engine"]
+    assert script.count("trtllm-build --") == 0 and "DSparkDrafter" in script and "--tap_layers 0,1" in script
+    assert "not buildable" in facts["draft_engine"] and facts["tap_outputs"] == ["dspark_tap_0", "dspark_tap_1"]
 
 
 MODELOPT_EXTRAS = {"producer", "rank", "decoder", "rmsnorm", "lm_head_bias", "share_embedding_table", "residual_mlp",

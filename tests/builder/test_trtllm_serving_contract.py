@@ -17,7 +17,7 @@ from dspark_trt.builder import trtllm
 from dspark_trt.builder.model_repo import (TEMPLATE_DIR, TRTLLM_TEMPLATE_DIR, fill_model_repo, fill_trtllm_repo,
                                            template_values)
 from dspark_trt.builder.options import BuildOptions
-from dspark_trt.builder.pipeline import TRTLLM_DSPARK_SKIPPED, check_serving
+from dspark_trt.builder.pipeline import check_serving
 from dspark_trt.errors import BuildError, InvalidArgumentError
 from dspark_trt.serve.gpu_host.bls import INPUT_DTYPES, OUTPUT_NAMES
 
@@ -156,11 +156,11 @@ def test_serving_option_and_dspark_drafters() -> None:
     assert BuildOptions(serving="both").serves_trtllm and BuildOptions(serving="both").serves_reference
     with pytest.raises(InvalidArgumentError, match="--serving"):
         BuildOptions(serving="engines")
-    check_serving(BuildOptions(serving="trtllm"), "lm")
-    check_serving(BuildOptions(serving="both"), "dspark")  # writes model_repo/ only, and says why
-    with pytest.raises(BuildError, match="hidden states.*--serving reference"):
-        check_serving(BuildOptions(serving="trtllm"), "dspark")
-    assert "docs/gpu.md" in TRTLLM_DSPARK_SKIPPED
+    for serving in ("reference", "trtllm", "both"):  # DSpark pairs too: the tapped target (docs/gpu.md)
+        for kind in ("lm", "dspark"):
+            check_serving(BuildOptions(serving=serving), kind)
+    with pytest.raises(BuildError, match="drafter kind"):
+        check_serving(BuildOptions(serving="trtllm"), "medusa")
 
 
 def test_templates_are_package_data() -> None:
@@ -173,14 +173,22 @@ def test_templates_are_package_data() -> None:
 @pytest.mark.parametrize("serving, kind, repos", [("reference", "lm", ["model_repo"]),
                                                   ("trtllm", "lm", ["model_repo_trtllm"]),
                                                   ("both", "lm", ["model_repo", "model_repo_trtllm"]),
-                                                  ("both", "dspark", ["model_repo"])])
+                                                  ("both", "dspark", ["model_repo", "model_repo_trtllm"]),
+                                                  ("trtllm", "dspark", ["model_repo_trtllm"])])
 def test_model_repo_stage_per_serving(tmp_path: Path, serving: str, kind: str, repos: list[str]) -> None:
     from types import SimpleNamespace
 
     from dspark_trt.builder.pipeline import BuildPipeline
 
+    draft = tmp_path / "drafter"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({"target_layer_ids": [0, 1]}))
     pipe = BuildPipeline(BuildOptions(serving=serving, output=str(tmp_path / "b")), quiet=True)
-    facts = pipe._model_repos(SimpleNamespace(draft_kind=kind))  # noqa: SLF001 - the stage's own facts
+    facts = pipe._model_repos(SimpleNamespace(draft_kind=kind, draft=draft))  # noqa: SLF001 - the stage's own facts
     assert facts["paths"] == repos and sorted(p.name for p in (tmp_path / "b").iterdir()) == sorted(repos)
     assert facts["values"]["GAMMA"] == str(BuildOptions().gamma) and facts["serving"] == serving
-    assert ("model_repo_trtllm" in facts) == (kind == "dspark")  # why the GPU-host repository is absent
+    if "model_repo_trtllm" in repos:
+        repo = tmp_path / "b" / "model_repo_trtllm"
+        assert (repo / "draft").exists() == (kind == "lm")  # DSpark: no draft engine, the tapped target
+        cfg = (repo / "target" / "config.pbtxt").read_text()
+        assert ('name: "dspark_tap_0"' in cfg and 'name: "dspark_tap_1"' in cfg) == (kind == "dspark")
