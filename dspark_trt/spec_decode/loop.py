@@ -1,7 +1,8 @@
 """The speculative loop: requests in, committed tokens out, one round at a time, over a RoundExecutor.
 
 Owns the one RoundScheduler of every execution path: requests and their KV slots, admission (batched prefill),
-the round (caps → drafting gate → draft → pick K per request → verify → accept → commit), stop conditions (eos,
+the round (caps → suffix proposals → drafting gate → proposer choice → draft → pick K per request → verify →
+accept → commit; spec_decode.proposers chooses DSpark / suffix / nothing per row), stop conditions (eos,
 max_new_tokens, stop sequences: nothing is emitted past them), cancellation, the drafter fallback (an exception in
 the draft step, or a row the executor could not draft, makes that round plain decoding for it, logged and counted)
 and per-request statistics. Lossless: every committed token is the target's own greedy choice (or an exact
@@ -25,15 +26,15 @@ import random
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
-import torch
-
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.executor import BackendExecutor
 from dspark_trt.spec_decode.limits import check_room, check_token_ids
-from dspark_trt.spec_decode.protocols import Backend, DraftBlock, DraftOutcome, RoundExecutor, SamplingParams
+from dspark_trt.spec_decode.proposers import DSPARK, NONE, SUFFIX, assemble, skip_drafter
+from dspark_trt.spec_decode.protocols import Backend, DraftOutcome, RoundExecutor, SamplingParams
 from dspark_trt.spec_decode.scheduler import (CostTable, GateMemory, PolicyConfig, PolicyState, observe,
                                               plan_drafting, schedule_batch, verify_cap)
 from dspark_trt.spec_decode.stats import RoundRecord, SpecStats
+from dspark_trt.spec_decode.suffix import SuffixProposal, SuffixProposer
 
 log = logging.getLogger(__name__)
 
@@ -144,14 +145,19 @@ class RoundScheduler:
     between steps (serve.worker does under overload).
     gate: the survival gate's memory across requests (GateMemory); pass the same one to schedulers that serve
     one stream of requests (SpeculativeDecodingEngine does), default a fresh one.
+    suffix: the suffix proposer (spec_decode.suffix: its cross-request index of recent outputs and its learned
+    confidences) for requests whose policy lists "suffix" in proposers; share one like `gate`; default: made on
+    first use.
     """
 
     def __init__(self, executor: RoundExecutor | Backend, config: LoopConfig = LoopConfig(), speculate: bool = True,
-                 gate: GateMemory | None = None) -> None:
+                 gate: GateMemory | None = None, suffix: SuffixProposer | None = None) -> None:
         self.executor: RoundExecutor = executor if isinstance(executor, RoundExecutor) else BackendExecutor(executor)
         self.config = config
         self.speculate = speculate
         self.gate = GateMemory() if gate is None else gate
+        self.suffix = suffix
+        self._key = object()  # this scheduler's part of its requests' keys in a shared SuffixProposer
         self._ids = itertools.count()
         self._waiting: list[tuple[int, Request]] = []
         self._active: dict[int, _Active] = {}
@@ -192,6 +198,8 @@ class RoundScheduler:
         return len(self._waiting) + len(self._active)
 
     def _release(self, act: _Active) -> None:
+        if self.suffix is not None:  # its output joins the cross-request index
+            self.suffix.release((self._key, act.rid), act.sequence, len(act.req.prompt_ids))
         self.executor.release(act.slot)
         self._free.append(act.slot)
         self.totals = self.totals.merge([act.stats], keep_rounds=False)
@@ -249,8 +257,9 @@ class RoundScheduler:
 
     def _caps(self, acts: list[_Active]) -> list[int]:
         """The most each request may verify: γ, its policy's ceiling, tokens left − 1, cache room (0 for all
-        while speculation is off or the executor has no drafter)."""
-        if not self.speculate or not self.executor.can_draft:
+        while speculation is off; an executor without a drafter gets 0 for DSpark in _round, the suffix may still
+        propose)."""
+        if not self.speculate:
             return [0] * len(acts)
         return [verify_cap(a.req.policy, a.state, self.config.gamma, a.req.max_new_tokens - len(a.tokens),
                            self.executor.max_seq, a.n_committed) for a in acts]
@@ -266,42 +275,48 @@ class RoundScheduler:
             log.warning("drafter failed (%s: %s); this round runs as plain decoding", type(exc).__name__, exc)
             return rows, DraftOutcome.failed(len(rows))
 
+    def _suffix_proposals(self, acts: list[_Active], caps: list[int]) -> list[SuffixProposal | None]:
+        """[B] each row's suffix proposal (None: not asked for, cap 0 or no match); the proposer is made on first use."""
+        want = [c > 0 and a.req.policy.uses(SUFFIX) for a, c in zip(acts, caps)]
+        if not any(want):
+            return [None] * len(acts)
+        if self.suffix is None:
+            self.suffix = SuffixProposer()
+        return [self.suffix.propose((self._key, a.rid), a.sequence, c) if w else None
+                for a, c, w in zip(acts, caps, want)]
+
     def _round(self, events: dict[int, RoundEvent]) -> None:
         acts = list(self._active.values())
         b = len(acts)
         cfgs, states = [a.req.policy for a in acts], [a.state for a in acts]
-        caps = plan_drafting(cfgs, states, self._caps(acts), self.config.cost_table,
-                             self.gate)  # survival rows the drafter cannot pay for: not drafted
-        rows, drafted = self._draft(acts, caps)
+        table = self.config.cost_table
+        caps = self._caps(acts)  # the most each row may verify, whoever proposes
+        sfx = self._suffix_proposals(acts, caps)  # [B]: a dict probe per match order, no model pass
+        dcaps = [c if cfg.uses(DSPARK) and self.executor.can_draft else 0 for c, cfg in zip(caps, cfgs)]
+        dcaps = plan_drafting(cfgs, states, dcaps, table, self.gate)  # survival rows the drafter cannot pay for
+        dcaps = skip_drafter(dcaps, sfx, states, table)  # rows the suffix match serves at least as well: not drafted
+        rows, drafted = self._draft(acts, dcaps)
         asked, proposed = [False] * b, [0] * b  # per row: drafting asked for, tokens drafted (0 asked: failed)
         for i, n in zip(rows, drafted.proposed if drafted is not None else ()):
             asked[i], proposed[i] = True, n
         block = drafted.block if drafted is not None else None
-        caps = [min(c, n) for c, n in zip(caps, proposed)]
-        conf = None
-        if block is not None and block.conf is not None:
-            width = block.tokens.shape[1]
-            conf = torch.ones(b, max(width, 1))  # [B, γ']; undrafted rows have cap 0 anyway
-            conf[rows, :width] = block.conf.float()
-        ks = schedule_batch(cfgs, states, caps, conf, self.config.cost_table)
-        kmax = max(ks)
-        draft = torch.zeros(b, kmax, dtype=torch.long)  # [B, K]
-        q = None
-        if kmax > 0 and block is not None:
-            draft[rows] = block.tokens[:, :kmax].long()
-            if block.q is not None:
-                q = torch.zeros(b, kmax, block.q.shape[-1])  # [B, K, V]
-                q[rows] = block.q[:, :kmax].float()
-        out = self.executor.verify(acts, DraftBlock(draft, q, None), ks)
+        plan = assemble(cfgs, states, [a.sampling for a in acts], caps, dcaps, rows, proposed, block, sfx,
+                        self.executor.vocab_size, table)
+        ks = schedule_batch(cfgs, states, plan.avail, plan.conf, table)
+        out = self.executor.verify(acts, plan.block(max(ks)), ks)  # tokens [B, K], q [B, K, V] | None
         self.batched_rounds += 1
         for i, act in enumerate(acts):
-            n_acc = out.accepted[i]
-            c = observe(act.req.policy, act.state, ks[i], n_acc, out.top1[i], out.margin[i], self.gate)
+            n_acc, src = out.accepted[i], plan.source[i] if ks[i] > 0 else NONE
+            if src == SUFFIX and self.suffix is not None:
+                self.suffix.observe(sfx[i], ks[i], n_acc)  # type: ignore[arg-type]
+            k_d, acc_d = (ks[i], n_acc) if src == DSPARK else (0, 0)  # the policy state learns the drafter only
+            c = observe(act.req.policy, act.state, k_d, acc_d, out.top1[i], out.margin[i], self.gate)
             before = len(act.tokens)
             done = self._emit(events, act, out.committed[i])
-            rec = RoundRecord(ks[i], n_acc, c, len(act.tokens) - before, fallback=asked[i] and proposed[i] == 0)
+            rec = RoundRecord(ks[i], n_acc, c, len(act.tokens) - before, fallback=asked[i] and proposed[i] == 0,
+                              proposer=src)
             act.stats.record_round(rec, drafted=proposed[i] > 0, proposed=proposed[i])
-            log.debug("req %d: k=%d accepted=%d committed=%d conf=%.3f next_k=%d", act.rid, ks[i], n_acc,
+            log.debug("req %d: %s k=%d accepted=%d committed=%d conf=%.3f next_k=%d", act.rid, src, ks[i], n_acc,
                       len(out.committed[i]), c, act.state.k)
             if done:
                 self._finish(act)
@@ -324,9 +339,11 @@ def generate(
     stop_sequences: Sequence[Sequence[int]] = (),
     config: LoopConfig = LoopConfig(),
     gate: GateMemory | None = None,
+    suffix: SuffixProposer | None = None,
 ) -> GenerateResult:
-    """Run one request to completion (`gate`: the survival gate's memory of earlier requests, see RoundScheduler)."""
-    sched = RoundScheduler(backend, config, gate=gate)
+    """Run one request to completion (`gate`: the survival gate's memory of earlier requests, `suffix`: the suffix
+    proposer's, see RoundScheduler)."""
+    sched = RoundScheduler(backend, config, gate=gate, suffix=suffix)
     rid = sched.add(Request(tuple(int(t) for t in prompt_ids), max_new_tokens, sampling, policy,
                             tuple(int(e) for e in eos_ids), tuple(tuple(int(t) for t in s) for s in stop_sequences)))
     tokens: list[int] = []

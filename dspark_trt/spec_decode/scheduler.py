@@ -34,10 +34,10 @@ import torch
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.confidence import (ConfidenceWeights, confidence_score, early_stop_k, ema_update,
                                                fallback_survival, round_signals, survival)
-from dspark_trt.spec_decode.policies import POLICIES, canonical_policy
+from dspark_trt.spec_decode.policies import POLICIES, PROPOSERS, canonical_policy, parse_proposers
 
-__all__ = ["POLICIES", "PolicyConfig", "PolicyState", "GateMemory", "CostTable", "plan_survival", "plan_drafting",
-           "drafting_gain", "observe_survival", "schedule_batch", "confidence_next_k", "verify_cap"]
+__all__ = ["POLICIES", "PROPOSERS", "PolicyConfig", "PolicyState", "GateMemory", "CostTable", "plan_survival", "plan_drafting",
+           "drafting_gain", "extended_survival", "observe_survival", "schedule_batch", "confidence_next_k", "verify_cap"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,12 @@ class PolicyConfig:
     gate_hysteresis: float = 0.0  # survival gate: an open gate closes when drafting promises < 1 − this
     max_backoff: int = 64  # survival gate: the longest run of undrafted rounds between probes
     probe_k: int = 2  # survival gate: the most a probe after a closed spell verifies (it only re-measures a_1, a_2)
+    proposers: tuple[str, ...] = ("dspark",)  # who may propose drafts: "dspark" (the drafter's block), "suffix"
+    # (spec_decode.suffix: a match in the request's own tokens / recent outputs); both: chosen per row per round
+
+    def uses(self, proposer: str) -> bool:
+        """Whether this request may take its drafts from `proposer` (never, under the plain policy)."""
+        return self.policy != "plain" and proposer in self.proposers
 
     def ceiling(self, k_now: int) -> int:
         """The most this policy verifies in one round; k_now: the K its state wants now (the confidence policy's)."""
@@ -64,6 +70,7 @@ class PolicyConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", canonical_policy(self.policy))
+        object.__setattr__(self, "proposers", parse_proposers(self.proposers))
         if self.k < 0:
             raise InvalidArgumentError(f"k must be ≥ 0 (0 = plain decoding), got {self.k}")
         if self.policy == "confidence" and self.min_k < 1:
@@ -289,15 +296,9 @@ def drafting_gain(est: Sequence[float], cap: int, rows: int, table: CostTable) -
     non-increasing, extended geometrically (the last observed ratio a_j / a_{j-1}, or a_1) to positions the
     policy has not verified yet — else a drafter whose rounds chose small K could never show that larger K pays;
     0 when nothing can be verified."""
-    a, run = [], 1.0
-    for x in list(est)[:cap]:
-        run = min(run, float(x))
-        a.append(run)
+    a = extended_survival(est, cap)
     if not a:
         return 0.0
-    ratio = a[-1] / a[-2] if len(a) >= 2 and a[-2] > 0 else a[0]
-    while len(a) < cap and a[-1] > 1e-3:
-        a.append(a[-1] * ratio)
     base = rows * table.sps(rows)
     best, gained = 0.0, 0.0
     for K, aj in enumerate(a, start=1):
@@ -305,6 +306,21 @@ def drafting_gain(est: Sequence[float], cap: int, rows: int, table: CostTable) -
         rate = (rows + gained) / (table.step_seconds(rows + K) + table.draft_seconds(1))
         best = max(best, rate / base)
     return best
+
+
+def extended_survival(est: Sequence[float], cap: int) -> list[float]:
+    """Observed survival est made non-increasing and extended geometrically to cap positions (the last observed
+    ratio a_j / a_{j-1}, or a_1), cut where it falls under 1e-3; [] when nothing was observed."""
+    a, run = [], 1.0
+    for x in list(est)[:cap]:
+        run = min(run, float(x))
+        a.append(run)
+    if not a:
+        return a
+    ratio = a[-1] / a[-2] if len(a) >= 2 and a[-2] > 0 else a[0]
+    while len(a) < cap and a[-1] > 1e-3:
+        a.append(a[-1] * ratio)
+    return a
 
 
 def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], caps: Sequence[int],

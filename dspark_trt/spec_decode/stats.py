@@ -12,6 +12,8 @@ Definitions:
 - acceptance rate α = accepted / drafted-and-verified (Σ accepted / Σ k).
 - acceptance_per_position[j-1] = #rounds with accepted ≥ j / #rounds with k ≥ j (the survival curve).
 - first-token rejection rate = #rounds with k ≥ 1 and accepted = 0 / #rounds with k ≥ 1.
+- per proposer ("dspark", "suffix": `by_proposer`, "proposers" in the summary): the same counts over the rounds
+  whose verified tokens that proposer supplied.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-__all__ = ["RoundRecord", "SpecStats", "TimedBackend"]
+__all__ = ["ProposerStats", "RoundRecord", "SpecStats", "TimedBackend"]
 
 
 @dataclass(frozen=True)
@@ -29,11 +31,59 @@ class RoundRecord:
     accepted: int  # of those, accepted
     conf: float  # confidence-formula value after the round
     committed: int  # tokens committed (accepted + 1, fewer if a stop condition cut the round)
-    fallback: bool = False  # the drafter failed; the round ran as plain decoding
+    fallback: bool = False  # the drafter failed; the round ran as plain decoding (or on the suffix proposal)
+    proposer: str = "dspark"  # who proposed the verified tokens: "dspark" | "suffix" | "none" (k = 0)
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict[str, float | int | str | None]:
         conf = round(self.conf, 4) if math.isfinite(self.conf) else None
-        return {"k": self.k, "accepted": self.accepted, "conf": conf}
+        return {"k": self.k, "accepted": self.accepted, "conf": conf, "proposer": self.proposer}
+
+
+@dataclass
+class ProposerStats:
+    """One proposer's share of a request's (or many requests') rounds: rounds it was verified in, tokens verified,
+    accepted (= committed draft tokens it supplied) and acceptance per position α_j."""
+
+    rounds: int = 0
+    drafted_tokens: int = 0  # Σ k of its rounds
+    accepted_tokens: int = 0
+    pos_verified: list[int] = field(default_factory=list)  # [j-1]: its rounds with k ≥ j
+    pos_accepted: list[int] = field(default_factory=list)  # [j-1]: its rounds with accepted ≥ j
+
+    def count(self, k: int, accepted: int) -> None:
+        self.rounds += 1
+        self.drafted_tokens += k
+        self.accepted_tokens += accepted
+        _count_positions(self.pos_verified, self.pos_accepted, k, accepted)
+
+    def add(self, other: "ProposerStats") -> None:
+        self.rounds += other.rounds
+        self.drafted_tokens += other.drafted_tokens
+        self.accepted_tokens += other.accepted_tokens
+        _add_positions(self.pos_verified, self.pos_accepted, other.pos_verified, other.pos_accepted)
+
+    def summary(self) -> dict[str, object]:
+        return {"rounds": self.rounds, "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
+                "acceptance_rate": round(self.accepted_tokens / self.drafted_tokens, 4) if self.drafted_tokens else 0.0,
+                "acceptance_per_position": [round(a / v, 4) for a, v in zip(self.pos_accepted, self.pos_verified)]}
+
+
+def _count_positions(verified: list[int], accepted_at: list[int], k: int, accepted: int) -> None:
+    while len(verified) < k:
+        verified.append(0)
+        accepted_at.append(0)
+    for j in range(k):
+        verified[j] += 1
+        accepted_at[j] += int(accepted > j)
+
+
+def _add_positions(verified: list[int], accepted_at: list[int], v2: list[int], a2: list[int]) -> None:
+    for j, (v, a) in enumerate(zip(v2, a2)):
+        while len(verified) <= j:
+            verified.append(0)
+            accepted_at.append(0)
+        verified[j] += v
+        accepted_at[j] += a
 
 
 @dataclass
@@ -52,11 +102,14 @@ class SpecStats:
     pos_verified: list[int] = field(default_factory=list)  # [j-1]: rounds with k ≥ j
     pos_accepted: list[int] = field(default_factory=list)  # [j-1]: rounds with accepted ≥ j
     keep_rounds: bool = True  # False for long-lived aggregates (servers): counters only, no per-round log
+    by_proposer: dict[str, ProposerStats] = field(default_factory=dict)  # rounds with k ≥ 1, by RoundRecord.proposer
 
     def record_round(self, rec: RoundRecord, drafted: bool, proposed: int) -> None:
         if self.keep_rounds:
             self.rounds.append(rec)
-        self._count(rec.k, rec.accepted)
+        _count_positions(self.pos_verified, self.pos_accepted, rec.k, rec.accepted)
+        if rec.k > 0:
+            self.by_proposer.setdefault(rec.proposer, ProposerStats()).count(rec.k, rec.accepted)
         self.verify_calls += 1
         self.draft_calls += int(drafted)
         self.proposed_tokens += proposed
@@ -64,14 +117,6 @@ class SpecStats:
         self.accepted_tokens += rec.accepted
         self.committed_tokens += rec.committed
         self.draft_failures += int(rec.fallback)
-
-    def _count(self, k: int, accepted: int) -> None:
-        while len(self.pos_verified) < k:
-            self.pos_verified.append(0)
-            self.pos_accepted.append(0)
-        for j in range(k):
-            self.pos_verified[j] += 1
-            self.pos_accepted[j] += int(accepted > j)
 
     @property
     def target_calls(self) -> int:
@@ -100,12 +145,9 @@ class SpecStats:
         for s in (self, *others):
             if keep_rounds:
                 out.rounds.extend(s.rounds)
-            for j, (v, a) in enumerate(zip(s.pos_verified, s.pos_accepted)):
-                while len(out.pos_verified) <= j:
-                    out.pos_verified.append(0)
-                    out.pos_accepted.append(0)
-                out.pos_verified[j] += v
-                out.pos_accepted[j] += a
+            _add_positions(out.pos_verified, out.pos_accepted, s.pos_verified, s.pos_accepted)
+            for name, ps in s.by_proposer.items():
+                out.by_proposer.setdefault(name, ProposerStats()).add(ps)
             for name in ("prefill_calls", "verify_calls", "draft_calls", "drafted_tokens", "proposed_tokens",
                          "accepted_tokens", "committed_tokens", "draft_failures"):
                 setattr(out, name, getattr(out, name) + getattr(s, name))
@@ -121,6 +163,7 @@ class SpecStats:
             "acceptance_per_position": [round(x, 4) for x in self.acceptance_per_position()],
             "first_token_rejection_rate": round(self.first_token_rejection_rate, 4),
             "draft_failures": self.draft_failures,
+            "proposers": {name: ps.summary() for name, ps in sorted(self.by_proposer.items())},
         }
         if with_rounds:
             out["rounds"] = [r.as_dict() for r in self.rounds]

@@ -82,7 +82,7 @@ def test_generate_cli_json(tiny_pair, capsys) -> None:
     assert set(out) >= {"text", "token_ids", "stats"}
     st_ = out["stats"]
     assert {"target_calls", "draft_calls", "accepted_tokens", "drafted_tokens", "tau", "rounds"} <= set(st_)
-    assert all(set(r) == {"k", "accepted", "conf"} for r in st_["rounds"])
+    assert all(set(r) == {"k", "accepted", "conf", "proposer"} for r in st_["rounds"])
     assert 0 < len(out["token_ids"]) <= 24
     rc = main(["generate", "--prompt", "import os\nimport", "--max-new-tokens", "24", "--policy", "plain",
                "--target", str(tiny_pair.target), "--dtype", "float32", "--json"])

@@ -168,5 +168,5 @@ def test_stats_tau_acceptance_per_position_first_token_rejection() -> None:
     assert s.first_token_rejection_rate == pytest.approx(1 / 3)
     assert s.acceptance_rate == pytest.approx(5 / 10)
     summ = s.summary()
-    assert summ["rounds"][0] == {"k": 4, "accepted": 4, "conf": 0.5} and summ["draft_calls"] == 3
+    assert summ["rounds"][0] == {"k": 4, "accepted": 4, "conf": 0.5, "proposer": "dspark"} and summ["draft_calls"] == 3
     assert math.isclose(s.merge([s]).tau, s.tau)

@@ -1,0 +1,275 @@
+"""The suffix proposer: draft tokens copied from the longest earlier match of a request's last tokens.
+
+Owns (pure Python, no torch, no models):
+- `SuffixConfig` (frozen): match orders, the cross-request index's bounds, the confidence prior.
+- `SequenceIndex`: one request's own n-gram index over its prompt + committed output. For every n-gram of order
+  min_match..max_match it keeps the end of its latest occurrence that has a continuation, so a lookup of the last
+  n tokens is one dict probe per order (longest first). Memory: at most (max_match − min_match + 1) × length
+  entries per request, freed when the request ends (`SuffixProposer.release`).
+- `SuffixIndex`: a bounded cross-request index of recent outputs: a ring buffer of `ring_tokens` tokens (finished
+  requests' outputs, each preceded by its prompt's last max_match tokens) and an LRU dict (hash of an n-gram →
+  ring position after it) of at most `max_entries` entries; the oldest entries are evicted first and entries that
+  point at overwritten ring tokens are dropped on lookup. A hit is checked against the ring's own tokens, so a
+  hash collision never proposes a wrong match. Bound: ring_tokens + max_entries integers (~7 MB at defaults).
+- `SuffixConfidence`: c_j, the probability that proposed token j is accepted given tokens 1..j−1 were, learned
+  online from the proposer's own verified rounds per (source own / cross, match length, depth j) as a Beta
+  posterior mean with forgetting (counts are halved past `horizon` observations), so the survival rule weighs a
+  suffix proposal like the DSpark head's calibrated c_k.
+- `SuffixProposer`: the above for the rows of one RoundScheduler (or shared across schedulers, like GateMemory):
+  `propose(key, sequence, cap)` → `SuffixProposal | None`, `observe(proposal, k, accepted)`, `release(key,
+  sequence, prompt_len)` (folds the output into the cross-request index). At most `max_requests` own indices.
+
+A proposal is deterministic: for rejection sampling its q is a one-hot at each proposed token (spec_decode.loop
+builds it), which keeps the target's distribution exactly. The choice between this proposer, the DSpark block and
+nothing is spec_decode.proposers'.
+"""
+from __future__ import annotations
+
+import logging
+from array import array
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Hashable, Sequence
+
+from dspark_trt.errors import InvalidArgumentError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["SuffixConfig", "SuffixProposal", "SequenceIndex", "SuffixIndex", "SuffixConfidence", "SuffixProposer"]
+
+SOURCES = ("own", "cross")
+
+
+@dataclass(frozen=True)
+class SuffixConfig:
+    """Bounds and priors of the suffix proposer."""
+
+    min_match: int = 2  # shortest suffix (tokens) that counts as a match
+    max_match: int = 8  # longest suffix looked up; orders min_match..max_match are indexed
+    ring_tokens: int = 1 << 16  # cross-request index: tokens of recent outputs kept (ring buffer)
+    max_entries: int = 1 << 16  # cross-request index: n-gram entries kept (LRU eviction)
+    max_depth: int = 16  # confidence table width (deeper positions share the last column)
+    prior_accept: float = 1.0  # Beta prior of every c_j: (accept, reject) pseudo-counts → c = 0.5 before data
+    prior_reject: float = 1.0
+    horizon: float = 512.0  # a (source, length, depth) cell's counts are halved when they exceed this
+    max_requests: int = 4096  # own indices kept at once (the oldest goes first: only a scheduler abandoned
+    # mid-request leaves one behind, every finished or cancelled request releases its own)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_match <= self.max_match <= 64:
+            raise InvalidArgumentError(f"suffix match orders need 1 ≤ min_match ≤ max_match ≤ 64, got "
+                                       f"{self.min_match}..{self.max_match}")
+        if self.ring_tokens < 0 or self.max_entries < 0 or self.max_depth < 1 or self.max_requests < 1:
+            raise InvalidArgumentError(f"suffix index bounds must be ≥ 0 (ring_tokens, max_entries), max_depth and "
+                                       f"max_requests ≥ 1, got {self.ring_tokens}, {self.max_entries}, "
+                                       f"{self.max_depth}, {self.max_requests}")
+        if self.prior_accept <= 0 or self.prior_reject <= 0 or self.horizon < 1:
+            raise InvalidArgumentError("suffix confidence priors must be > 0 and horizon ≥ 1")
+
+    @property
+    def orders(self) -> range:
+        return range(self.max_match, self.min_match - 1, -1)  # longest first
+
+
+@dataclass(frozen=True)
+class SuffixProposal:
+    """One row's suffix proposal for one round."""
+
+    tokens: tuple[int, ...]  # [m] proposed d_1..d_m (1 ≤ m ≤ cap)
+    conf: tuple[float, ...]  # [m] c_j per proposed position (SuffixConfidence)
+    match_len: int  # length of the matched suffix
+    source: str  # "own" (the request's prompt + output) | "cross" (recent outputs of other requests)
+
+
+def _continue(seq: Sequence[int], end: int, cap: int) -> list[int]:
+    """The cap tokens after seq[:end]; past the end of seq the proposal continues itself (a repeat with period
+    len(seq) − end), so a loop of period p is proposed in full."""
+    n = len(seq)
+    out: list[int] = []
+    for t in range(cap):
+        i = end + t
+        out.append(int(seq[i]) if i < n else out[i - n])
+    return out
+
+
+class SequenceIndex:
+    """One request's own n-gram index (prompt + committed output): n-gram → end of its latest occurrence that has
+    a continuation token."""
+
+    def __init__(self, config: SuffixConfig) -> None:
+        self.config = config
+        self.tokens: list[int] = []
+        self._ends: dict[tuple[int, ...], int] = {}
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def entries(self) -> int:
+        return len(self._ends)
+
+    def extend(self, new: Sequence[int]) -> None:
+        """Append committed tokens; the n-grams ending just before each new token become lookup-able."""
+        lo, hi = self.config.min_match, self.config.max_match
+        seq = self.tokens
+        for tok in new:
+            i = len(seq)  # the new token's index: n-grams ending at i − 1 now have a continuation
+            for n in range(lo, min(hi, i) + 1):
+                self._ends[tuple(seq[i - n:i])] = i
+            seq.append(int(tok))
+
+    def match(self, cap: int) -> tuple[list[int], int] | None:
+        """(up to cap continuation tokens, match length) of the longest indexed suffix, or None."""
+        seq = self.tokens
+        for n in self.config.orders:
+            if n > len(seq) - 1:
+                continue
+            end = self._ends.get(tuple(seq[-n:]))
+            if end is not None:
+                return _continue(seq, end, cap), n
+        return None
+
+
+class SuffixIndex:
+    """The bounded cross-request index of recent outputs (ring buffer + LRU n-gram table, see the module doc)."""
+
+    def __init__(self, config: SuffixConfig) -> None:
+        self.config = config
+        self._ring = array("q", [0] * config.ring_tokens)
+        self._total = 0  # tokens ever written; ring position of absolute index a is a % ring_tokens
+        self._table: OrderedDict[int, int] = OrderedDict()  # hash(n-gram) → absolute index after it
+
+    @property
+    def entries(self) -> int:
+        return len(self._table)
+
+    def _tok(self, a: int) -> int:
+        return self._ring[a % self.config.ring_tokens]
+
+    def _live(self, a: int) -> bool:
+        return self._total - self.config.ring_tokens <= a < self._total
+
+    def add(self, tokens: Sequence[int]) -> None:
+        """Append a finished request's tokens (its prompt tail + output) and index their n-grams."""
+        cfg = self.config
+        if cfg.ring_tokens == 0 or cfg.max_entries == 0 or not tokens:
+            return
+        start = self._total
+        for tok in tokens:
+            self._ring[self._total % cfg.ring_tokens] = int(tok)
+            self._total += 1
+        tail = list(tokens)
+        for i in range(1, len(tail)):  # n-grams ending at i − 1 (continuation at i)
+            for n in range(cfg.min_match, min(cfg.max_match, i) + 1):
+                key = hash(tuple(tail[i - n:i]))
+                self._table.pop(key, None)
+                self._table[key] = start + i
+        while len(self._table) > cfg.max_entries:
+            self._table.popitem(last=False)  # the oldest entry goes first
+
+    def match(self, suffix: Sequence[int], cap: int) -> tuple[list[int], int] | None:
+        """(up to cap continuation tokens, match length) of the longest suffix of `suffix` seen in recent outputs."""
+        cfg = self.config
+        for n in cfg.orders:
+            if n > len(suffix):
+                continue
+            key = tuple(int(t) for t in suffix[-n:])
+            a = self._table.get(hash(key))
+            if a is None:
+                continue
+            if not (self._live(a - n) and self._live(a) and all(self._tok(a - n + t) == key[t] for t in range(n))):
+                self._table.pop(hash(key), None)  # overwritten or a hash collision: not a match
+                continue
+            out: list[int] = []
+            while len(out) < cap and self._live(a + len(out)):
+                out.append(self._tok(a + len(out)))
+            if out:
+                return out, n
+        return None
+
+
+@dataclass
+class SuffixConfidence:
+    """c_j by (source, match length, depth j), learned online: (accepted + α) / (reached + α + β)."""
+
+    config: SuffixConfig
+    hits: dict[tuple[str, int, int], float] = field(default_factory=dict)
+    reached: dict[tuple[str, int, int], float] = field(default_factory=dict)
+
+    def _key(self, source: str, match_len: int, depth: int) -> tuple[str, int, int]:
+        cfg = self.config
+        return source, min(match_len, cfg.max_match), min(depth, cfg.max_depth)
+
+    def conf(self, source: str, match_len: int, depth: int) -> float:
+        """c_depth (depth 1 = the first proposed token)."""
+        key = self._key(source, match_len, depth)
+        a, b = self.config.prior_accept, self.config.prior_reject
+        return (self.hits.get(key, 0.0) + a) / (self.reached.get(key, 0.0) + a + b)
+
+    def observe(self, source: str, match_len: int, k: int, accepted: int) -> None:
+        """One verified round of k proposed tokens, `accepted` of them kept: positions 1..min(k, accepted + 1) were
+        reached; of those 1..accepted were accepted."""
+        for j in range(1, min(k, accepted + 1) + 1):
+            key = self._key(source, match_len, j)
+            r = self.reached.get(key, 0.0) + 1.0
+            h = self.hits.get(key, 0.0) + (1.0 if j <= accepted else 0.0)
+            if r > self.config.horizon:  # forgetting: the stream's recent rounds dominate
+                r, h = r / 2.0, h / 2.0
+            self.reached[key], self.hits[key] = r, h
+
+
+class SuffixProposer:
+    """Suffix proposals for the requests of one RoundScheduler (or several: pass one to each, like GateMemory).
+
+    Per request (by a caller's key: spec_decode.loop uses (its own token, request id)) a SequenceIndex of its
+    prompt + committed output, kept in step with `propose`'s `sequence` argument; across requests one SuffixIndex
+    and one SuffixConfidence. Not thread-safe: one round loop drives it (as it drives the scheduler)."""
+
+    def __init__(self, config: SuffixConfig = SuffixConfig()) -> None:
+        self.config = config
+        self.cross = SuffixIndex(config)
+        self.confidence = SuffixConfidence(config)
+        self._own: dict[Hashable, SequenceIndex] = {}
+
+    @property
+    def requests(self) -> int:
+        return len(self._own)
+
+    def _index(self, key: Hashable, sequence: Sequence[int]) -> SequenceIndex:
+        idx = self._own.get(key)
+        if idx is None or len(idx) > len(sequence) or (len(idx) and idx.tokens[-1] != sequence[len(idx) - 1]):
+            idx = self._own[key] = SequenceIndex(self.config)
+            while len(self._own) > self.config.max_requests:
+                self._own.pop(next(iter(self._own)))
+        if len(idx) < len(sequence):
+            idx.extend(sequence[len(idx):])
+        return idx
+
+    def propose(self, key: Hashable, sequence: Sequence[int], cap: int) -> SuffixProposal | None:
+        """Up to cap tokens continuing `sequence` (the request's committed tokens, prompt included) from the
+        longest match (own sequence first on equal lengths, then recent outputs), or None (no match, cap 0)."""
+        if cap < 1:
+            return None
+        idx = self._index(key, sequence)
+        best = idx.match(cap)
+        source = "own"
+        cross = self.cross.match(idx.tokens[-self.config.max_match:], cap)
+        if cross is not None and (best is None or cross[1] > best[1]):
+            best, source = cross, "cross"
+        if best is None:
+            return None
+        tokens, n = best
+        conf = tuple(self.confidence.conf(source, n, j) for j in range(1, len(tokens) + 1))
+        return SuffixProposal(tuple(tokens), conf, n, source)
+
+    def observe(self, proposal: SuffixProposal, k: int, accepted: int) -> None:
+        """Fold one verified round (k ≥ 1 of the proposal's tokens verified, `accepted` kept) into c_j."""
+        if k >= 1:
+            self.confidence.observe(proposal.source, proposal.match_len, k, accepted)
+
+    def release(self, key: Hashable, sequence: Sequence[int] | None = None, prompt_len: int = 0) -> None:
+        """Forget a request's own index; with its final `sequence`, add its output (preceded by max_match prompt
+        tokens) to the cross-request index."""
+        self._own.pop(key, None)
+        if sequence is not None and len(sequence) > prompt_len:
+            self.cross.add(list(sequence[max(0, prompt_len - self.config.max_match):]))
