@@ -31,12 +31,14 @@ INPUT_DTYPES: dict[str, type] = {
     "exclude_input_in_output": np.bool_,  # [1, 1] True: output_ids holds only the new tokens
     "return_generation_logits": np.bool_,  # [1, 1] the target's logits of the returned tokens (always sent: a
     # fan-out's requests then carry the same inputs but draft_input_ids, which Triton's dynamic batcher needs)
+    "return_context_logits": np.bool_,  # [1, 1] the tapped target (DSpark): logits of the computed input rows
     "temperature": np.float32,  # [1, 1] sampled requests only
     "runtime_top_p": np.float32,  # [1, 1] sampled requests only
     "seed": np.uint64,  # [1, 1] sampled requests with a seed only
 }
-# What we read: output_ids [1, beam=1, n] INT32, sequence_length [1, 1] INT32, generation_logits [1, 1, n, V] FP32.
-OUTPUT_NAMES: tuple[str, ...] = ("output_ids", "sequence_length", "generation_logits")
+# What we read: output_ids [1, beam=1, n] INT32, sequence_length [1, 1] INT32, generation_logits [1, 1, n, V] FP32,
+# context_logits [1, n, V] FP32 and (the tapped target) dspark_tap_<layer> [1, n, H].
+OUTPUT_NAMES: tuple[str, ...] = ("output_ids", "sequence_length", "generation_logits", "context_logits")
 
 
 def call_tensors(call: EngineCall) -> dict[str, np.ndarray]:
@@ -51,6 +53,8 @@ def call_tensors(call: EngineCall) -> dict[str, np.ndarray]:
     if call.draft_ids:
         t["draft_input_ids"] = np.asarray([call.draft_ids], dtype=np.int32)  # [1, K]
     t["return_generation_logits"] = scalar("return_generation_logits", call.return_logits)  # always, as the BLS does
+    if call.context_logits:
+        t["return_context_logits"] = scalar("return_context_logits", True)
     if call.temperature > 0:
         t["temperature"] = scalar("temperature", call.temperature)
         t["runtime_top_p"] = scalar("runtime_top_p", call.top_p)
@@ -59,16 +63,34 @@ def call_tensors(call: EngineCall) -> dict[str, np.ndarray]:
     return t
 
 
-def reply_from_arrays(output_ids: np.ndarray, sequence_length: np.ndarray | None,
-                      logits: np.ndarray | None) -> EngineReply:
-    """output_ids [1, 1, n] (+ sequence_length [1, 1], generation_logits [1, 1, n, V]) → EngineReply."""
+def reply_from_arrays(output_ids: np.ndarray, sequence_length: np.ndarray | None, logits: np.ndarray | None,
+                      context_logits: np.ndarray | None = None,
+                      taps: dict[str, np.ndarray] | None = None) -> EngineReply:
+    """output_ids [1, 1, n] (+ sequence_length [1, 1], generation_logits [1, 1, n, V], context_logits [1, m, V],
+    taps name → [1, m, H]) → EngineReply."""
     ids = np.asarray(output_ids).reshape(-1)  # beam 1, batch 1
     n = len(ids) if sequence_length is None else min(len(ids), int(np.asarray(sequence_length).reshape(-1)[0]))
     lg = None
     if logits is not None and np.asarray(logits).size:
         arr = np.asarray(logits, dtype=np.float32)
         lg = arr.reshape(-1, arr.shape[-1])[:n]  # [n, V]
-    return EngineReply([int(x) for x in ids[:n]], lg)
+    ctx = None
+    if context_logits is not None and np.asarray(context_logits).size:
+        arr = np.asarray(context_logits, dtype=np.float32)
+        ctx = arr.reshape(-1, arr.shape[-1])  # [m, V]
+    rows = None if taps is None else {k: np.asarray(v, dtype=np.float32).reshape(-1, np.asarray(v).shape[-1])
+                                      for k, v in taps.items()}  # name → [m, H]
+    return EngineReply([int(x) for x in ids[:n]], lg, context_logits=ctx, taps=rows)
+
+
+def _as_array(tensor: object) -> np.ndarray:
+    """A pb_utils.Tensor → numpy (BF16 outputs have no numpy dtype: through DLPack as float32)."""
+    try:
+        return tensor.as_numpy()  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - pb_utils raises a generic error for BF16
+        import torch  # noqa: PLC0415
+
+        return torch.utils.dlpack.from_dlpack(tensor.to_dlpack()).float().cpu().numpy()  # type: ignore[attr-defined]
 
 
 class PbEngineClient:
@@ -83,11 +105,12 @@ class PbEngineClient:
 
     def _request(self, model: str, call: EngineCall) -> Any:
         inputs = [self.pb.Tensor(name, arr) for name, arr in call_tensors(call).items()]
-        outputs = [n for n in OUTPUT_NAMES if n != "generation_logits" or call.return_logits]
+        outputs = [n for n in OUTPUT_NAMES if (n != "generation_logits" or call.return_logits)
+                   and (n != "context_logits" or call.context_logits)] + list(call.taps)
         return self.pb.InferenceRequest(model_name=model, inputs=inputs, requested_output_names=outputs,
                                         request_id=call.request_id)
 
-    def _reply(self, model: str, resp: Any) -> EngineReply:
+    def _reply(self, model: str, resp: Any, call: EngineCall) -> EngineReply:
         if isinstance(resp, BaseException):
             return EngineReply([], error=f"{model}: {type(resp).__name__}: {resp}")
         if resp.has_error():
@@ -95,12 +118,19 @@ class PbEngineClient:
 
         def out(name: str) -> np.ndarray | None:
             t = self.pb.get_output_tensor_by_name(resp, name)
-            return None if t is None else t.as_numpy()
+            return None if t is None else _as_array(t)
 
         ids = out("output_ids")
         if ids is None:
             return EngineReply([], error=f"{model} returned no output_ids")
-        return reply_from_arrays(ids, out("sequence_length"), out("generation_logits"))
+        taps = {n: out(n) for n in call.taps}
+        missing = [n for n, v in taps.items() if v is None]
+        if missing:
+            return EngineReply([], error=f"{model} returned no {', '.join(missing)}: the engine is not the tapped "
+                                         "target, or its backend does not forward additional outputs (docs/gpu.md)")
+        return reply_from_arrays(ids, out("sequence_length"), out("generation_logits"),
+                                 out("context_logits") if call.context_logits else None,
+                                 taps if call.taps else None)  # type: ignore[arg-type]
 
     def generate(self, model: str, calls: Sequence[EngineCall]) -> list[EngineReply]:
         reqs = [self._request(model, c) for c in calls]
@@ -108,7 +138,7 @@ class PbEngineClient:
         async def fan_out() -> list[Any]:
             return await asyncio.gather(*(r.async_exec() for r in reqs), return_exceptions=True)
 
-        return [self._reply(model, r) for r in self._loop.run_until_complete(fan_out())]
+        return [self._reply(model, r, c) for r, c in zip(self._loop.run_until_complete(fan_out()), calls)]
 
     def close(self) -> None:
         self._loop.close()

@@ -2,9 +2,10 @@
 model — the same inputs, validation, streaming, finish_reason, `stop` and cancellation — with its rounds driven over
 the TensorRT-LLM engines instead of the in-process runtime.
 
-Owns `TrtllmDsparkModel` (serve.gpu_host.rounds.TrtllmRoundScheduler over a serve.gpu_host.bls.PbEngineClient,
-inside serve.worker.InflightBatcher) and `read_build_info` (vocabulary, eos ids and drafter kind from the build's
-checkpoint configs: this stub loads no model weights).
+Owns `TrtllmDsparkModel` (LM / PARD drafters: serve.gpu_host.rounds.TrtllmRoundScheduler over a
+serve.gpu_host.bls.PbEngineClient; DSpark drafters: spec_decode.loop.RoundScheduler over serve.gpu_host.taps.TapExecutor
+— the tapped target + the drafter in this process; both inside serve.worker.InflightBatcher), `read_build_info`
+(vocabulary, eos ids and drafter kind from the build's checkpoint configs) and `load_tap_drafter`.
 """
 from __future__ import annotations
 
@@ -48,6 +49,28 @@ def read_build_info(build_dir: Path) -> BuildInfo:
                      "dspark" if arch == "DSparkDrafter" else "lm")
 
 
+def load_tap_drafter(build_dir: Path) -> tuple[object, tuple[str, ...]]:
+    """The build's DSpark drafter (reference runtime; CUDA when present) sharing the target's embeddings and lm_head,
+    and the tapped target's output names of its target_layer_ids. Loads the target checkpoint once for those two
+    tensors (the engines hold the target itself)."""
+    import torch  # noqa: PLC0415
+
+    from dspark_trt.builder.artifacts import load_dspark_export, read_manifest  # noqa: PLC0415
+    from dspark_trt.builder.options import BuildOptions  # noqa: PLC0415
+    from dspark_trt.builder.trtllm_taps import tap_output_names  # noqa: PLC0415
+    from dspark_trt.runtime.trtllm_checkpoint import STR_DTYPES, load_trtllm_checkpoint  # noqa: PLC0415
+
+    opts = BuildOptions.from_dict(read_manifest(build_dir).get("options") or {})
+    dtype = STR_DTYPES[opts.dtype]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    target = load_trtllm_checkpoint(build_dir / "target" / "checkpoint", dtype=dtype)
+    drafter = load_dspark_export(build_dir / "draft" / "checkpoint", target, dtype, device)
+    del target
+    names = tap_output_names(drafter.target_layer_ids)
+    log.info("DSpark drafter on %s over the tapped target's outputs %s", device, list(names))
+    return drafter, names
+
+
 class TrtllmDsparkModel(DsparkModel):
     """The decoupled scheduler of model_repo_trtllm/: as DsparkModel, but each round goes to the `draft` and
     `target` tensorrtllm models over BLS instead of the in-process reference runtime."""
@@ -58,20 +81,25 @@ class TrtllmDsparkModel(DsparkModel):
     def initialize(self, args: dict[str, str]) -> None:
         super(DsparkModel, self).initialize(args)  # the stub's setup (StubModel), not the reference backend
         from dspark_trt.serve.worker import InflightBatcher, latency_observer  # noqa: PLC0415
-        from dspark_trt.spec_decode.loop import LoopConfig  # noqa: PLC0415
+        from dspark_trt.spec_decode.loop import LoopConfig, RoundScheduler  # noqa: PLC0415
 
         info = read_build_info(self.cfg.build)
-        if info.draft_kind == "dspark":
-            raise ServeError("model_repo_trtllm cannot serve a DSpark drafter (it needs the target's hidden states, "
-                             "which stock TensorRT-LLM engines do not return); serve build/NAME/model_repo instead "
-                             "(docs/gpu.md)")
         self.loaded = LoadedBackend(None, info.vocab_size, info.eos_ids)
         self.cfg = self.cfg.with_vocab(info.vocab_size)
         self.metrics = ServeMetrics(self.pb, gamma=self.cfg.gamma, model=self.name)
         self.client = PbEngineClient(self.pb, concurrency=2 * self.cfg.max_batch)
-        sched = TrtllmRoundScheduler(self.client, LoopConfig(gamma=self.cfg.gamma), self.cfg.max_batch,
-                                     self.cfg.max_seq_len, info.vocab_size, self.TARGET_MODEL, self.DRAFT_MODEL,
-                                     observe=latency_observer(self.metrics))
+        observe = latency_observer(self.metrics)
+        if info.draft_kind == "dspark":  # the tapped target + the DSpark drafter in this process
+            from dspark_trt.serve.gpu_host.taps import TapExecutor  # noqa: PLC0415
+
+            drafter, taps = load_tap_drafter(self.cfg.build)
+            ex = TapExecutor(self.client, drafter, taps, self.cfg.max_batch, self.cfg.max_seq_len, info.vocab_size,
+                             self.TARGET_MODEL, observe)
+            sched = RoundScheduler(ex, LoopConfig(gamma=self.cfg.gamma))
+        else:
+            sched = TrtllmRoundScheduler(self.client, LoopConfig(gamma=self.cfg.gamma), self.cfg.max_batch,
+                                         self.cfg.max_seq_len, info.vocab_size, self.TARGET_MODEL, self.DRAFT_MODEL,
+                                         observe=observe)
         self.batcher = InflightBatcher(sched, self.metrics, max_queue=self.cfg.max_queue).start()
         log.info("%s: rounds over tensorrtllm models %r (+ draft %r), γ %d, max batch %d", self.name,
                  self.TARGET_MODEL, self.DRAFT_MODEL, self.cfg.gamma, self.cfg.max_batch)

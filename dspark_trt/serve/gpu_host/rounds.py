@@ -60,6 +60,8 @@ class EngineCall:
     seed: int | None = None
     return_logits: bool = False  # return_generation_logits
     request_id: str = ""
+    context_logits: bool = False  # return_context_logits (the tapped target: logits of the computed input rows)
+    taps: tuple[str, ...] = ()  # the tapped target's extra outputs to return ("dspark_tap_<layer>")
 
 
 @dataclass
@@ -69,6 +71,9 @@ class EngineReply:
     tokens: list[int]  # the new tokens (output_ids[0, 0, :sequence_length])
     logits: np.ndarray | None = None  # [n, V] float32 generation logits of those tokens, when asked and returned
     error: str | None = None  # the model's error message (tokens then empty)
+    context_logits: np.ndarray | None = None  # [n, V] float32: the last n input positions' logits (n < input
+    # length where the engine reused cached KV blocks for the prefix)
+    taps: dict[str, np.ndarray] | None = None  # name → [n, H] float32 residual rows of the same n input positions
 
 
 class EngineClient(Protocol):

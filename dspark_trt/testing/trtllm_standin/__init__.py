@@ -33,7 +33,8 @@ _PATH = re.compile(r'key:\s*"gpt_model_path"\s*value:\s*\{\s*string_value:\s*"([
 _DELAY = re.compile(r"max_queue_delay_microseconds:\s*\d+")
 
 
-def standin_config(text: str, role: str, build_dir: Path | None = None, queue_delay_us: int = 2000) -> str:
+def standin_config(text: str, role: str, build_dir: Path | None = None, queue_delay_us: int = 2000,
+                   reuse_block: int = 0) -> str:
     """A filled tensorrtllm config.pbtxt → the same model on the python backend (tensors and parameters kept;
     the dynamic batcher waits queue_delay_us so concurrent requests form one batch; STANDIN_* parameters added)."""
     if not _BACKEND.search(text):
@@ -49,11 +50,13 @@ def standin_config(text: str, role: str, build_dir: Path | None = None, queue_de
     head = ("# STAND-IN (testing only): the tensorrtllm model's interface on the python backend, answered by the "
             "reference runtime\n# (dspark_trt.testing.trtllm_standin); no TensorRT-LLM engine runs.\n")
     tail = (f'parameters: {{ key: "STANDIN_ROLE" value: {{ string_value: "{role}" }} }}\n'
-            f'parameters: {{ key: "STANDIN_BUILD_DIR" value: {{ string_value: "{Path(build_dir).resolve()}" }} }}\n')
+            f'parameters: {{ key: "STANDIN_BUILD_DIR" value: {{ string_value: "{Path(build_dir).resolve()}" }} }}\n'
+            f'parameters: {{ key: "STANDIN_REUSE_BLOCK" value: {{ string_value: "{int(reuse_block)}" }} }}\n')
     return head + out.rstrip("\n") + "\n" + tail
 
 
-def install_standin(repo: Path, build_dir: Path | None = None, queue_delay_us: int = 2000) -> list[str]:
+def install_standin(repo: Path, build_dir: Path | None = None, queue_delay_us: int = 2000,
+                    reuse_block: int = 0) -> list[str]:
     """Swap the stand-in into `target` (and `draft`, when present) of a model_repo_trtllm COPY; returns the names."""
     repo = Path(repo)
     swapped = []
@@ -61,7 +64,7 @@ def install_standin(repo: Path, build_dir: Path | None = None, queue_delay_us: i
         cfg = repo / role / "config.pbtxt"
         if not cfg.is_file():
             continue
-        cfg.write_text(standin_config(cfg.read_text(), role, build_dir, queue_delay_us))
+        cfg.write_text(standin_config(cfg.read_text(), role, build_dir, queue_delay_us, reuse_block))
         (repo / role / "1").mkdir(parents=True, exist_ok=True)
         (repo / role / "1" / "model.py").write_text(ADAPTER_SOURCE)
         (repo / role / "STANDIN.txt").write_text("This model is the testing stand-in for TensorRT-LLM's tensorrtllm "

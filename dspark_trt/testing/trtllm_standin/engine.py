@@ -9,8 +9,12 @@ runtime CausalLM (the build's target or LM draft checkpoint), batched over every
   choices and return it plus one target token (the recovered token at the first mismatch, or the bonus after
   K), truncated to request_output_len (tensorrtllm_backend's BLS asks for K + 1; examples/ngram/run_dtm_ngram.py:
   "Normally target should return 1 more token");
-- no end_id: the request returns exactly the tokens asked for (the round loop applies every stop condition).
-Every request is computed from scratch (the real engine reuses the prefix KV cache; the tokens are the same).
+- no end_id: the request returns exactly the tokens asked for (the round loop applies every stop condition);
+- the tapped target (DSpark builds): return_context_logits and the tap outputs ("dspark_tap_<layer>", the residual
+  after that layer) for the input rows the engine computed. With reuse_block > 0 it keeps TensorRT-LLM's KV-cache
+  reuse contract: full blocks of reuse_block tokens whose whole prefix an earlier request computed are not
+  recomputed (the last input token always is), so context outputs cover only the input's computed suffix.
+Every request is computed from scratch (the tokens and logits are the same as with a reused prefix).
 Nothing here is an engine or runs TensorRT.
 """
 from __future__ import annotations
@@ -34,12 +38,32 @@ class StandinReply(EngineReply):
 class StandinEngine:
     """Runs EngineCalls on a runtime CausalLM; `max_batch` requests per forward, `max_seq` tokens per request."""
 
-    def __init__(self, model: torch.nn.Module, max_batch: int, max_seq: int) -> None:
+    def __init__(self, model: torch.nn.Module, max_batch: int, max_seq: int, reuse_block: int = 0) -> None:
         self.model = model
         self.max_batch = max_batch
         self.max_seq = max_seq
         self.cache = model.new_cache(max_batch, max_seq)
         self.batches: list[int] = []  # requests per run() (the tests read it to see batching)
+        self.reuse_block = reuse_block
+        self._blocks: set[tuple[int, ...]] = set()  # token prefixes of the full blocks computed so far
+        self.reused: list[int] = []  # reused input tokens per request (the tests read it)
+
+    def _reuse(self, seq: Sequence[int]) -> int:
+        """Input tokens whose KV the engine would reuse: the longest run of full blocks an earlier request
+        computed with the same prefix, never the last token; then every full block of seq counts as computed."""
+        b = self.reuse_block
+        if b <= 0:
+            return 0
+        m = 0
+        while m + b <= len(seq) - 1 and tuple(seq[:m + b]) in self._blocks:
+            m += b
+        self._blocks.update(tuple(seq[:j]) for j in range(b, len(seq) + 1, b))
+        return m
+
+    @staticmethod
+    def _tap_layers(calls: Sequence[EngineCall]) -> tuple[int, ...]:
+        names = sorted({n for c in calls for n in c.taps})
+        return tuple(sorted(int(n.rsplit("_", 1)[1]) for n in names))
 
     def _choose(self, logits: torch.Tensor, call: EngineCall, position: int) -> int:
         """logits [V] at absolute position `position` → the engine's token (greedy or sampled)."""
@@ -90,7 +114,11 @@ class StandinEngine:
         ids = torch.zeros(len(rows), width, dtype=torch.long)  # [R, W] right-padded
         for r, s in enumerate(seqs):
             ids[r, : len(s)] = torch.tensor(s)
-        logits = self.model(ids, self.cache, slots, logits="all").logits  # [R, W, V]
+        layers = self._tap_layers([calls[i] for i in rows])
+        fwd = self.model(ids, self.cache, slots, taps=layers, logits="all")
+        logits = fwd.logits  # [R, W, V]
+        H = int(self.model.config.hidden_size)
+        hidden = fwd.hidden  # [R, W, len(layers) H] | None
         tokens: list[list[int]] = []
         kept: list[list[torch.Tensor]] = []
         lengths: list[int] = []
@@ -121,6 +149,17 @@ class StandinEngine:
                 kept[r].append(step[n])
                 steps[r].append(1)
         for r, i in enumerate(rows):
-            lg = torch.stack(kept[r]).float().numpy() if calls[i].return_logits else None  # [n, V]
-            replies[i] = StandinReply(tokens[r], lg, steps=steps[r])
+            c = calls[i]
+            lg = torch.stack(kept[r]).float().numpy() if c.return_logits else None  # [n, V]
+            rep = StandinReply(tokens[r], lg, steps=steps[r])
+            if c.context_logits or c.taps:
+                L = len(c.input_ids)
+                m = self._reuse(c.input_ids)
+                self.reused.append(m)
+                if c.context_logits:
+                    rep.context_logits = logits[r, m:L].float().numpy()  # [L − m, V]
+                if c.taps:
+                    rep.taps = {f"dspark_tap_{t}": hidden[r, m:L, j * H:(j + 1) * H].float().numpy()  # [L − m, H]
+                                for j, t in enumerate(layers) if f"dspark_tap_{t}" in c.taps}
+            replies[i] = rep
         return [r for r in replies if r is not None]

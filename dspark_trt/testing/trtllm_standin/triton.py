@@ -3,10 +3,11 @@ of triton_backend/all_models/inflight_batcher_llm/tensorrt_llm, answered by trtl
 
 Owns StandinModel (the TritonPythonModel base that install_standin's 1/model.py subclasses): reads a request's
 tensorrtllm inputs (input_ids [1, T], input_lengths, request_output_len, draft_input_ids [1, K], temperature,
-runtime_top_p, seed, return_generation_logits, exclude_input_in_output (falling back to the config parameter),
-streaming, stop), runs every request of one execute() as one batch, and answers output_ids [1, 1, n] INT32
-(input + new tokens unless exclude_input_in_output), sequence_length [1, 1] INT32 and, when asked,
-generation_logits [1, 1, n, V] FP32. Decoupled when the config says so (streaming: one response per engine step).
+runtime_top_p, seed, return_generation_logits, return_context_logits (the tapped target only),
+exclude_input_in_output (falling back to the config parameter), streaming, stop), runs every request of one execute()
+as one batch, and answers output_ids [1, 1, n] INT32 (input + new tokens unless exclude_input_in_output),
+sequence_length [1, 1] INT32 and, when asked, generation_logits [1, 1, n, V] FP32, context_logits [1, m, V] FP32 and
+the tapped target's declared dspark_tap_<layer> outputs [1, m, H] FP32 (m: the computed input rows). Decoupled when the config says so (streaming: one response per engine step).
 What it cannot do (beam search, context logits, draft logits, LoRA, multimodal...) is answered with an error
 naming the input. Never part of a shipped repository.
 """
@@ -59,8 +60,10 @@ class StandinModel:
         opts = BuildOptions.from_dict(read_manifest(build).get("options") or {})
         model = load_trtllm_checkpoint(build / self.role / "checkpoint", dtype=STR_DTYPES[opts.dtype])
         self.max_draft = opts.gamma if self.role == "target" else 0  # the engine's --max_draft_len
+        self.taps = tuple(o["name"] for o in cfg.get("output", []) if o["name"].startswith("dspark_tap_"))
         self.engine = StandinEngine(model, max_batch=max(1, int(cfg.get("max_batch_size", 1))),
-                                    max_seq=opts.max_seq_len + opts.gamma + 2)
+                                    max_seq=opts.max_seq_len + opts.gamma + 2,
+                                    reuse_block=int(params.get("STANDIN_REUSE_BLOCK", "0") or 0))
         log.info("STAND-IN %s: tensorrtllm interface over the reference runtime (%s/checkpoint), max_draft_len %d, "
                  "decoupled %s; no engine runs here", self.name, self.role, self.max_draft, self.decoupled)
 
@@ -81,7 +84,8 @@ class StandinModel:
                 return None, True, False, f"input {name} is not supported by the stand-in"
         if int(self._scalar(request, "beam_width", 1)) != 1 or int(self._scalar(request, "num_return_sequences", 1)) != 1:
             return None, True, False, "beam_width / num_return_sequences other than 1 are not supported (max_beam_width 1)"
-        if bool(self._scalar(request, "return_context_logits", False)):
+        ctx = bool(self._scalar(request, "return_context_logits", False))
+        if ctx and not self.taps:
             return None, True, False, "return_context_logits is not supported (the engine gathers generation logits only)"
         ids = self._get(request, "input_ids")
         if ids is None:
@@ -97,17 +101,31 @@ class StandinModel:
         call = EngineCall(tuple(int(t) for t in ids), int(self._scalar(request, "request_output_len", 0)), draft,
                           float(self._scalar(request, "temperature", 0.0)), float(self._scalar(request, "runtime_top_p", 1.0)),
                           None if seed is None else int(seed.reshape(-1)[0]),
-                          bool(self._scalar(request, "return_generation_logits", False)), request.request_id())
+                          bool(self._scalar(request, "return_generation_logits", False)), request.request_id(),
+                          ctx, self._requested_taps(request))
         exclude = bool(self._scalar(request, "exclude_input_in_output", self.exclude_default))
         return call, exclude, bool(self._scalar(request, "streaming", False)), None
 
-    def _response(self, call: EngineCall | None, tokens: list[int], logits: np.ndarray | None, exclude: bool) -> Any:
+    def _requested_taps(self, request: Any) -> tuple[str, ...]:
+        """The tap outputs this request asked for (all declared ones when the stub cannot tell)."""
+        try:
+            asked = set(request.requested_output_names())
+        except Exception:  # noqa: BLE001 - older python backends
+            return self.taps
+        return tuple(n for n in self.taps if n in asked)
+
+    def _response(self, call: EngineCall | None, tokens: list[int], logits: np.ndarray | None, exclude: bool,
+                  rep: Any = None) -> Any:
         pb = self.pb
         ids = list(tokens) if exclude or call is None else list(call.input_ids) + list(tokens)
         out = [pb.Tensor("output_ids", np.asarray(ids, dtype=np.int32).reshape(1, 1, -1)),  # [1, beam, n]
                pb.Tensor("sequence_length", np.array([[len(ids)]], dtype=np.int32))]  # [1, beam]
         if logits is not None:
             out.append(pb.Tensor("generation_logits", np.asarray(logits, dtype=np.float32)[None, None]))  # [1,1,n,V]
+        if rep is not None and rep.context_logits is not None:
+            out.append(pb.Tensor("context_logits", np.asarray(rep.context_logits, dtype=np.float32)[None]))  # [1,m,V]
+        for name, rows in ((rep.taps or {}) if rep is not None else {}).items():
+            out.append(pb.Tensor(name, np.ascontiguousarray(rows, dtype=np.float32)[None]))  # [1, m, H]
         return pb.InferenceResponse(output_tensors=out)
 
     def _error(self, message: str) -> Any:
@@ -136,7 +154,7 @@ class StandinModel:
                     at += n
                 answers.append(resp)
             else:
-                answers.append([self._response(call, rep.tokens, rep.logits, exclude)])
+                answers.append([self._response(call, rep.tokens, rep.logits, exclude, rep)])
         log.debug("%s: executed %d request(s) as one batch", self.name, len(calls))
         if not self.decoupled:
             return [a[0] for a in answers]
