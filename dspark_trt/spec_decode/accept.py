@@ -25,7 +25,7 @@ import torch
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode import rng
 
-__all__ = ["AcceptResult", "exponential_race", "greedy_accept", "sample_accept", "target_probs", "top_signals"]
+__all__ = ["AcceptResult", "exponential_race", "greedy_accept", "greedy_chain", "sample_accept", "target_probs", "top_signals"]
 
 _U_OFFSET = 2.0 ** -25  # keeps exponential-race uniforms strictly inside (0, 1)
 
@@ -82,14 +82,29 @@ def greedy_accept(
     """Greedy verification: accept the longest prefix where d_j == argmax(logits[:, j-1]) (j ≤ k), then commit
     argmax at the first mismatch (recovered) or at position k (bonus). K = 0 is plain decoding: next_token =
     argmax(logits[:, 0]). top1/margin come from softmax(logits) at temperature 1."""
-    b, kmax, _ = _check(logits, draft, k)
+    _check(logits, draft, k)
     k = k.to(torch.long)
     logits = logits.float()
     target = logits.argmax(dim=-1)  # [B, K+1]
+    top1, margin = top_signals(torch.softmax(logits, dim=-1), _valid(k, logits.shape[1]))
+    return greedy_chain(target, draft, k, top1, margin)
+
+
+def greedy_chain(
+    target: torch.Tensor,  # [B, K+1] long: the target's argmax per verify position
+    draft: torch.Tensor,  # [B, K] long
+    k: torch.Tensor,  # [B] long
+    top1: torch.Tensor,  # [B, K+1] float32 (0 past k)
+    margin: torch.Tensor,  # [B, K+1] float32 (0 past k)
+) -> AcceptResult:
+    """The greedy acceptance chain from the argmax per position: accepted = the longest prefix with d_j ==
+    target[j − 1] (j ≤ k), next_token = target[accepted] (recovered or bonus). greedy_accept's rule, shared with
+    runtime.dispatch's native statistics (which compute target, top1 and margin in one pass over the logits)."""
+    kmax = draft.shape[1]
+    k = k.to(torch.long)
     match = (target[:, :kmax] == draft.to(torch.long)) & (torch.arange(kmax, device=k.device).unsqueeze(0) < k.unsqueeze(1))  # [B, K]
     accepted = match.to(torch.long).cumprod(dim=1).sum(dim=1)  # [B]
     next_token = target.gather(1, accepted.unsqueeze(1)).squeeze(1)  # [B]
-    top1, margin = top_signals(torch.softmax(logits, dim=-1), _valid(k, kmax + 1))
     return AcceptResult(accepted, next_token, top1, margin)
 
 

@@ -67,12 +67,12 @@ class Build:
 
 BUILDS = {
     "avx512": Build("avx512", ("module.cpp", "pack.cpp", "linear.cpp", "linear_amx.cpp", "linear_fma.cpp",
-                               "attention.cpp", "draft.cpp", "markov.cpp"),
+                               "attention.cpp", "draft.cpp", "markov.cpp", "greedy.cpp"),
                     ("common.h", "plan.h", "simd512.h", "linear.h", "rope.h", "attend.h"), ("-march=native",),
                     frozenset({"avx512f", "avx512bw", "avx512vl"})),
     # x86-64-v3 exactly (no AVX-512 even where the CPU has it); hidden symbols: both builds can share a process
     "avx2": Build("avx2", ("module.cpp", "pack.cpp", "avx2/linear.cpp", "avx2/attention.cpp", "avx2/draft.cpp",
-                   "markov.cpp"),
+                   "markov.cpp", "greedy.cpp"),
                   ("common.h", "plan.h", "simd256.h", "rope.h", "attend.h"), ("-march=x86-64-v3", "-mtune=native", "-fvisibility=hidden"),
                   frozenset({"avx2", "fma", "f16c", "bmi2"})),
 }
@@ -416,3 +416,14 @@ def markov_greedy(u: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: t
     out = _ext().markov_greedy(u.float().contiguous(), anchor.long().contiguous(), w1.contiguous(), pk, rowsum,  # type: ignore[union-attr]
                                k, w2.shape[0], None if d2t is None else d2t.long().contiguous())
     return out[0], out[1]
+
+
+def greedy_stats(logits: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """Greedy verify statistics (greedy.cpp): logits [B, K+1, V] float32 on the CPU, k [B] → (argmax [B, K+1] long,
+    top1 [B, K+1], margin [B, K+1] float32), rows past k zero; None where no engine runs or a verified row holds a
+    NaN or only −inf (the caller keeps torch's rules for those)."""
+    ext = _ext()
+    if ext is None or logits.dtype != torch.float32 or logits.device.type != "cpu":
+        return None
+    arg, top1, margin, ok = ext.greedy_stats(logits.contiguous(), k.long().contiguous())
+    return (arg, top1, margin) if bool(ok.all()) else None

@@ -41,6 +41,11 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& ck, const at::Tensor& c
                   const at::Tensor& starts, const at::Tensor& lengths, int64_t H, int64_t window, double scale,
                   bool bidir);
 int64_t argmax_sum(const float* u, const float* b, int64_t n);  // the engine's (draft.cpp), for markov.cpp
+bool top2_row(const float* x, int64_t n, int64_t* arg, float* m1, float* m2);  // the engine's (draft.cpp), for greedy.cpp
+float sumexp_row(const float* x, int64_t n, float m);                           // the engine's (draft.cpp), for greedy.cpp
+void top2_lanes(const float* best, const float* second, const int32_t* idx, int lanes, int64_t* arg, float* m1,
+                float* m2);  // greedy.cpp: the lanes' maxima → row maximum, first index, runner-up
+std::vector<at::Tensor> greedy_stats(const at::Tensor& logits, const at::Tensor& k);
 at::Tensor markov_greedy(const at::Tensor& U, const at::Tensor& anchor, const at::Tensor& w1, const at::Tensor& w2p,
                          const at::Tensor& rowsum, int64_t kind, int64_t vd, const c10::optional<at::Tensor>& d2t);
 bool amx_active();

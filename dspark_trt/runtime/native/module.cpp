@@ -9,6 +9,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_kv", &dspark::rope_kv, "RoPE on q, k; k and v written to the cache");
   m.def("attend", &dspark::attend, "per-query attention over the slot cache");
   m.def("markov_greedy", &dspark::markov_greedy, "greedy DSpark Markov block: γ steps of bias, add, argmax");
+  m.def("greedy_stats", &dspark::greedy_stats, "per verify row: argmax, top-1 probability, top-1 − top-2 margin");
   m.def("amx_active", &dspark::amx_active, "whether products run on AMX tiles");
   m.def("set_amx", &dspark::set_amx, "allow (default) or forbid AMX tiles");
   m.def("build_info", &dspark::build_info);
