@@ -26,7 +26,8 @@ from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.loop import GenerateResult, LoopConfig
 from dspark_trt.spec_decode.loop import generate as loop_generate
 from dspark_trt.spec_decode.sampling import SamplingParams
-from dspark_trt.spec_decode.policies import POLICIES, resolve_policy_alias
+from dspark_trt.spec_decode.policies import POLICIES, parse_proposers, resolve_policy_alias
+from dspark_trt.spec_decode.suffix import SuffixProposer
 from dspark_trt.spec_decode.scheduler import CostTable, GateMemory, PolicyConfig
 from dspark_trt.spec_decode.stats import TimedBackend
 
@@ -117,13 +118,17 @@ class SpeculativeDecodingEngine:
         confidence Π c_i drops below it (needs a drafter with a confidence head; ignored otherwise). None = off.
       policy: override the K policy ("plain", "fixed", "confidence" (alias "seed"), "survival"); dtype: runtime
         dtype; seed: RNG seed for sampling (None = random per call); cost_table: survival policy's cost table.
+      proposers: who proposes drafts, "dspark" (the drafter's block, default), "suffix" (a match of the last tokens
+        in the request's own tokens or this engine's recent outputs: spec_decode.suffix; needs no drafter) or both
+        ("dspark,suffix": chosen per round by expected committed tokens against the cost, spec_decode.proposers).
     """
 
     def __init__(self, target_model: Any, draft_model: Any | None = None, tokenizer: Any | None = None,
                  max_length: int = 512, draft_length: int = 5, temperature: float = 0.0, top_p: float = 1.0,
                  use_confidence_scheduling: bool = True, confidence_threshold: float | None = None,
                  policy: str | None = None, dtype: torch.dtype | None = None, seed: int | None = None,
-                 cost_table: CostTable | None = None, min_k: int | None = None, max_k: int | None = None) -> None:
+                 cost_table: CostTable | None = None, min_k: int | None = None, max_k: int | None = None,
+                 proposers: str | Sequence[str] = ("dspark",)) -> None:
         if not isinstance(max_length, int) or max_length < 2:
             raise _bad("max_length", max_length, "an integer ≥ 2 (prompt + generated tokens)")
         if not isinstance(draft_length, int) or not 1 <= draft_length <= 64:
@@ -155,12 +160,16 @@ class SpeculativeDecodingEngine:
                 max_k = min(max_k, draft_length)
             if min_k is not None:
                 min_k = min(min_k, draft_length)
-        name = policy or ("plain" if self.drafter is None else "survival" if use_confidence_scheduling else "fixed")
-        if name != "plain" and self.drafter is None:
-            raise InvalidArgumentError(f"policy {name!r} needs a draft_model; pass one or use policy='plain'")
+        self.proposers = parse_proposers(proposers if isinstance(proposers, str) else tuple(proposers))
+        needs_drafter = "dspark" in self.proposers
+        name = policy or ("plain" if self.drafter is None and needs_drafter
+                          else "survival" if use_confidence_scheduling else "fixed")
+        if name != "plain" and self.drafter is None and needs_drafter:
+            raise InvalidArgumentError(f"policy {name!r} with the dspark proposer needs a draft_model; pass one, use "
+                                       f"proposers='suffix' or policy='plain'")
         lo = min(2, draft_length) if min_k is None else min_k
         self.policy = PolicyConfig(policy=name, k=draft_length, min_k=lo, max_k=draft_length if max_k is None else max_k,
-                                   draft_stop=confidence_threshold or 0.0)
+                                   draft_stop=confidence_threshold or 0.0, proposers=self.proposers)
         backend = build_backend(self.target, self.drafter, 1, max_length + draft_length + 2)
         if cost_table is None and name == "survival":  # the survival policy weighs measured, not guessed, costs
             from dspark_trt.runtime.profile import profile_costs
@@ -168,6 +177,7 @@ class SpeculativeDecodingEngine:
             cost_table = profile_costs(backend, draft_length + 1, reps=3)
         self.loop_config = LoopConfig(gamma=draft_length, cost_table=cost_table or CostTable.linear())
         self.gate = GateMemory()  # the survival gate carries across this engine's requests
+        self.suffix = SuffixProposer()  # so do the suffix proposer's recent outputs and learned confidences
         self._backend = TimedBackend(backend)
         self.eos_ids = tuple(sorted(_eos_set(self.target.config)
                                     | ({int(tokenizer.eos_token_id)} if getattr(tokenizer, "eos_token_id", None)
@@ -193,7 +203,7 @@ class SpeculativeDecodingEngine:
         b.reset()
         start = time.perf_counter()
         res = loop_generate(b, prompt_ids, min(max_new_tokens, room), sp, policy or self.policy, self.eos_ids,
-                            stop_sequences, self.loop_config, self.gate)
+                            stop_sequences, self.loop_config, self.gate, self.suffix)
         wall = time.perf_counter() - start
         self.last_result = res
         self._stats = self._summarise(res, wall, b.seconds["verify"], b.calls["verify"], b.seconds["draft"],
@@ -243,6 +253,7 @@ class SpeculativeDecodingEngine:
             "acceptance_per_position": [round(x, 4) for x in s.acceptance_per_position()],
             "wall_s": round(wall, 4), "tokens_per_s": round(s.committed_tokens / wall, 2) if wall > 0 else 0.0,
             "finish_reason": res.finish_reason,
+            "proposers": {name: ps.summary() for name, ps in sorted(s.by_proposer.items())},
         }
 
     @property

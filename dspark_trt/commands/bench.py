@@ -1,13 +1,17 @@
 """`dspark-trt bench`: ours DSpark (every fixed K in 1..γ, the confidence and survival policies, survival with a
-useless drafter) vs ours plain vs Hugging Face generate, side by side, in one run.
+useless drafter), the suffix proposer alone and the hybrid (DSpark + suffix, chosen per round; with the useless
+drafter too) vs ours plain vs Hugging Face generate, side by side, in one run.
 
 Owns the benchmark protocol: the same prompts and token ids for every engine (default: the held-out prompts
-of dspark_trt.train.prompts, never used in training; or `--prompts FILE`, JSONL of {"prompt", "chat", "kind"}),
+of dspark_trt.train.prompts, never used in training; `--prompt-set` names the packaged sets of
+dspark_trt/assets/prompts (code-edit, text, all); or `--prompts FILE`, JSONL of {"prompt", "chat", "kind"}),
 greedy, EOS ignored so every run decodes the same number of tokens; decode tok/s excludes prompt processing
 (time of a 1-token run of the same prompt is subtracted); engines are interleaved per prompt and the median
 over prompts × repeats is reported; speculative output is checked token for token against ours plain; one
-measured cost table (verify by tokens + drafter pass) is shared by every policy. The report and its plot are
-written by commands.bench_report.
+measured cost table (verify by tokens + drafter pass) is shared by every policy. The suffix proposer's
+cross-request index of recent outputs is emptied before every run (a repeat would otherwise copy its own earlier
+output); its learned confidences carry over, as they do in a server. The report and its plot are written by
+commands.bench_report.
 """
 from __future__ import annotations
 
@@ -26,6 +30,10 @@ log = logging.getLogger("dspark_trt.bench")
 
 SPEC_POLICIES = ("fixed", "confidence", "survival")
 USELESS = "ours DSpark (survival, useless drafter)"
+SUFFIX = "ours suffix (survival)"
+HYBRID = "ours hybrid DSpark+suffix (survival)"
+HYBRID_USELESS = "ours hybrid DSpark+suffix (survival, useless drafter)"
+PROMPT_SETS = ("held-out", "code-edit", "text", "all")
 
 
 @dataclass(frozen=True)
@@ -59,13 +67,18 @@ class EngineResult:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=Path, default=None,
                    help='JSONL of {"prompt": str, "chat": bool, "kind": str} (default: the held-out prompts)')
+    p.add_argument("--prompt-set", choices=PROMPT_SETS, default="held-out",
+                   help="packaged prompts: held-out (code / chat / math), code-edit (answers repeat the prompt), text "
+                        "(raw continuations), all (ignored with --prompts)")
+    p.add_argument("--max-prompts", type=int, default=0, help="use only the first N prompts (0 = all)")
     p.add_argument("--max-new-tokens", type=int, default=D.max_new_tokens,
                    help=f"tokens decoded per run (EOS ignored; default {D.max_new_tokens})")
     p.add_argument("--repeats", type=int, default=D.repeats, help="interleaved rounds over all prompts (median)")
     p.add_argument("--policies", default=D.policies, help="DSpark K policies to run (comma list)")
     p.add_argument("--fixed-k", default=D.fixed_k, help='K values for the fixed policy: "all" (1..γ) or "2,4"')
     p.add_argument("--no-useless-drafter", action="store_true",
-                   help="skip the survival-with-a-useless-drafter row (the never-slower-than-plain check)")
+                   help="skip the survival-with-a-useless-drafter rows (the never-slower-than-plain check)")
+    p.add_argument("--no-suffix", action="store_true", help="skip the suffix-alone and hybrid DSpark+suffix rows")
     p.add_argument("--target", type=Path, default=None, help="target HF dir (default: embedded SmolLM2-135M)")
     p.add_argument("--draft", type=Path, default=None, help="draft dir (default: the shipped DSpark drafter)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=D.dtype)
@@ -76,12 +89,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="markdown report (+ .png plot); default docs/benchmarks-<CPU family>[-engine-<e>].md")
 
 
-def load_prompts(path: Path | None) -> list[BenchPrompt]:
-    """--prompts JSONL → prompts; None → the held-out prompts (code / chat / math), all with the chat template."""
-    if path is None:
-        from dspark_trt.train.prompts import HELD_OUT_PROMPTS
+def prompt_set(name: str) -> list[BenchPrompt]:
+    """A packaged prompt set (PROMPT_SETS; dspark_trt/assets/prompts/README.md)."""
+    from importlib import resources
 
-        return [BenchPrompt(kind, text, True) for kind, text in HELD_OUT_PROMPTS]
+    from dspark_trt.train.prompts import HELD_OUT_PROMPTS
+
+    if name not in PROMPT_SETS:
+        raise InvalidArgumentError(f"--prompt-set must be one of {', '.join(PROMPT_SETS)}, got {name!r}")
+    held = [BenchPrompt(kind, text, True) for kind, text in HELD_OUT_PROMPTS]
+    files = {"code-edit": ["code_edit.jsonl"], "text": ["text.jsonl"], "all": ["code_edit.jsonl", "text.jsonl"]}
+    out = held if name in ("held-out", "all") else []
+    for f in files.get(name, []):
+        with resources.as_file(resources.files("dspark_trt") / "assets" / "prompts" / f) as path:
+            out += load_prompts(path)
+    return out
+
+
+def load_prompts(path: Path | None, set_name: str = "held-out") -> list[BenchPrompt]:
+    """--prompts JSONL → prompts; None → the packaged set `set_name` (default the held-out prompts: code / chat /
+    math, all with the chat template)."""
+    if path is None:
+        return prompt_set(set_name)
     out: list[BenchPrompt] = []
     try:
         lines = path.read_text().splitlines()
@@ -154,7 +183,9 @@ def run(args: argparse.Namespace) -> int:
     if bad or args.max_new_tokens < 2 or args.repeats < 1:
         raise InvalidArgumentError(f"--policies must be from {SPEC_POLICIES} (got {bad}); --max-new-tokens ≥ 2; "
                                    f"--repeats ≥ 1")
-    prompts = load_prompts(args.prompts)
+    prompts = load_prompts(args.prompts, getattr(args, "prompt_set", "held-out"))
+    if getattr(args, "max_prompts", 0) > 0:
+        prompts = prompts[:args.max_prompts]
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
@@ -185,10 +216,20 @@ def run(args: argparse.Namespace) -> int:
             if pol == "fixed":
                 eng.with_policy(k=k)
             engines[f"ours DSpark (fixed K={k})" if pol == "fixed" else f"ours DSpark ({pol})"] = eng
+    suffix = not getattr(args, "no_suffix", False)
+    if suffix:
+        engines[SUFFIX] = SpeculativeDecodingEngine(target, None, tok, max_len, gamma, policy="survival",
+                                                    cost_table=table, proposers="suffix")
+        engines[HYBRID] = SpeculativeDecodingEngine(target, drafter, tok, max_len, gamma, policy="survival",
+                                                    cost_table=table, proposers="dspark,suffix")
     if not args.no_useless_drafter:
         junk = useless_drafter(draft_dir, target, dtype, Path(target_dir))
         engines[USELESS] = SpeculativeDecodingEngine(target, junk, tok, max_len, gamma, policy="survival",
                                                      cost_table=table)
+        if suffix:
+            engines[HYBRID_USELESS] = SpeculativeDecodingEngine(target, junk, tok, max_len, gamma,
+                                                                policy="survival", cost_table=table,
+                                                                proposers="dspark,suffix")
     hf = None
     if not args.no_hf:
         from transformers import AutoModelForCausalLM
@@ -210,6 +251,7 @@ def run(args: argparse.Namespace) -> int:
             for name in names[shift:] + names[:shift]:
                 eng = engines[name]
                 eng.eos_ids = ()  # EOS ignored: every run decodes exactly n tokens
+                eng.suffix.forget_outputs()  # no run copies an earlier run's output of the same prompt
                 ttft, _ = _timed(lambda: eng.run(prompt, 1, greedy))
                 wall, res = _timed(lambda: eng.run(prompt, n, greedy))
                 r = results[name]

@@ -35,6 +35,11 @@ def machine_stamp() -> dict[str, Any]:
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 
+def _set_label(args: argparse.Namespace) -> str:
+    name = getattr(args, "prompt_set", "held-out")
+    return "held-out set: never used in training" if name == "held-out" else f"prompt set {name}"
+
+
 def _merged(stats: list[Any]) -> Any:
     return stats[0].merge(stats[1:])
 
@@ -52,13 +57,15 @@ def write_report(args: argparse.Namespace, results: dict[str, Any], gamma: int, 
         f"torch {stamp['torch']}, commit {stamp['commit']}, {stamp['date']}. Kernel engine: **{stamp['engine']}** "
         f"(CPU flags: {stamp['flags']}).", "",
         f"Target: {args.target or 'embedded SmolLM2-135M-Instruct'} ({args.dtype}); drafter: {draft_dir.name} "
-        f"(γ = {gamma}). {n_prompts} prompts ({args.prompts or 'held-out set: never used in training'}), greedy, "
+        f"(γ = {gamma}). {n_prompts} prompts ({args.prompts or _set_label(args)}), greedy, "
         f"EOS ignored, {args.max_new_tokens} new tokens per run, {args.repeats} interleaved round(s). Decode tok/s "
         f"excludes prompt processing (a 1-token run of the same prompt is subtracted); median over prompts × rounds. "
         f"Command: `dspark-trt bench --max-new-tokens {args.max_new_tokens} --repeats {args.repeats} --threads "
         f"{stamp['torch_threads']}"
         f"{'' if getattr(args, 'fixed_k', 'all') == 'all' else ' --fixed-k ' + str(args.fixed_k)}"
-        f"{' --no-hf' if getattr(args, 'no_hf', False) else ''}`.", "",
+        f"{' --no-hf' if getattr(args, 'no_hf', False) else ''}"
+        f"{' --prompt-set ' + args.prompt_set if getattr(args, 'prompt_set', 'held-out') != 'held-out' else ''}"
+        f"{' --max-prompts ' + str(args.max_prompts) if getattr(args, 'max_prompts', 0) else ''}`.", "",
         "| engine | decode tok/s | vs ours plain | vs HF bf16 | τ | acceptance α | drafted rounds | "
         "first-token reject | output = plain greedy |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -66,6 +73,7 @@ def write_report(args: argparse.Namespace, results: dict[str, Any], gamma: int, 
     per_pos: list[str] = []
     kinds = sorted({k for r in results.values() for k in r.kinds})
     per_kind: list[str] = []
+    per_proposer: list[str] = []
     for name, r in med.items():
         vs_plain = f"{r / plain:.2f}×" if plain else "–"
         vs_hf = f"{r / hf:.2f}×" if hf else "–"
@@ -85,6 +93,11 @@ def write_report(args: argparse.Namespace, results: dict[str, Any], gamma: int, 
         if s.drafted_tokens:
             cells = [f"{x:.2f}" for x in s.acceptance_per_position()][:gamma]
             per_pos.append(f"| {name} | " + " | ".join(cells + ["–"] * (gamma - len(cells))) + " |")
+        for prop, ps in sorted(s.by_proposer.items()):
+            pos = " ".join(f"{a / v:.2f}" for a, v in list(zip(ps.pos_accepted, ps.pos_verified))[:gamma])
+            share = ps.accepted_tokens / max(s.committed_tokens, 1)
+            per_proposer.append(f"| {name} | {prop} | {ps.rounds} | {ps.accepted_tokens} ({share:.0%}) | "
+                                f"{ps.accepted_tokens / max(ps.drafted_tokens, 1):.2f} | {pos} |")
         if name != "ours plain":
             taus = [_merged([st for st, k in zip(res.stats, res.kinds) if k == kind]).tau for kind in kinds]
             per_kind.append(f"| {name} | " + " | ".join(f"{t:.2f}" for t in taus) + " |")
@@ -92,6 +105,11 @@ def write_report(args: argparse.Namespace, results: dict[str, Any], gamma: int, 
         lines += ["", "Acceptance per position j (rounds with accepted ≥ j / rounds that verified ≥ j tokens):", "",
                   "| engine | " + " | ".join(f"j={j}" for j in range(1, gamma + 1)) + " |", "|---|" + "---|" * gamma]
         lines += per_pos
+    if per_proposer:
+        lines += ["", "By proposer (rounds it supplied the verified tokens; accepted tokens and their share of all "
+                  "generated tokens; α; α per position j):", "",
+                  "| engine | proposer | rounds | accepted tokens | α | α_j |", "|---|---|---|---|---|---|"]
+        lines += per_proposer
     if per_kind and kinds:
         lines += ["", "τ by prompt kind:", "", "| engine | " + " | ".join(kinds) + " |", "|---|" + "---|" * len(kinds)]
         lines += per_kind

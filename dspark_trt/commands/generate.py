@@ -16,7 +16,7 @@ from typing import Any
 
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.loop import LoopConfig
-from dspark_trt.spec_decode.policies import resolve_policy_alias
+from dspark_trt.spec_decode.policies import parse_proposers, resolve_policy_alias
 from dspark_trt.spec_decode.sampling import SamplingParams, check_sampling
 from dspark_trt.spec_decode.scheduler import POLICIES, PolicyConfig
 
@@ -33,6 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
     p.add_argument("--policy", type=resolve_policy_alias, choices=POLICIES, default=_POL.policy,
                    help=f"K policy (default {_POL.policy}; \"seed\" = confidence)")
+    p.add_argument("--proposers", type=parse_proposers, default=_POL.proposers,
+                   help="who proposes drafts: dspark (the drafter's block; default), suffix (a match of the last "
+                        "tokens in the prompt + output: needs no drafter) or dspark,suffix (chosen per round by "
+                        "expected tokens against the cost)")
     p.add_argument("--k", type=int, default=_POL.k, help=f"verify length for --policy fixed (default {_POL.k})")
     p.add_argument("--gamma", type=int, default=None,
                    help=f"draft block size γ (default: the drafter's own, else {_LOOP.gamma})")
@@ -74,6 +78,9 @@ def _check(args: argparse.Namespace) -> None:
         raise InvalidArgumentError("--url talks to a running server: drop --build-dir/--target/--draft")
     if args.build_dir and (args.target or args.draft):
         raise InvalidArgumentError("--build-dir brings its own models: drop --target/--draft")
+    if args.url and tuple(args.proposers) != _POL.proposers:
+        raise InvalidArgumentError("--proposers applies to in-process generation; a server uses its build's "
+                                   "proposers: drop --proposers or --url")
     if args.stream and not args.url:
         raise InvalidArgumentError("--stream needs --url (in-process generation prints the whole result)")
 
@@ -110,6 +117,8 @@ def _models(args: argparse.Namespace) -> tuple[Any, Any, Any, int | None]:
 
         target_dir = default_target_dir()
     draft_dir = args.draft
+    if "dspark" not in args.proposers:
+        return target_dir, None, load_tokenizer(target_dir), None  # the suffix proposer needs no drafter
     if draft_dir is None and args.target is None and args.policy != "plain":
         from dspark_trt.errors import DrafterError
         from dspark_trt.runtime.drafters import default_drafter_dir
@@ -147,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         max_length=len(ids) + args.max_new_tokens + 1, draft_length=gamma, temperature=args.temperature,
         top_p=args.top_p, policy=args.policy, dtype=getattr(torch, args.dtype), seed=args.seed,
         confidence_threshold=args.draft_stop or None, min_k=min(args.min_k, gamma),
-        max_k=args.max_k if args.max_k is not None else gamma)
+        max_k=args.max_k if args.max_k is not None else gamma, proposers=args.proposers)
     if args.policy == "fixed":
         engine.with_policy(k=min(args.k, gamma))
     sp = SamplingParams(args.temperature, args.top_p if args.temperature > 0 else 1.0, args.seed)

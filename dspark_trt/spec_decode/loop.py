@@ -307,8 +307,11 @@ class RoundScheduler:
         self.batched_rounds += 1
         for i, act in enumerate(acts):
             n_acc, src = out.accepted[i], plan.source[i] if ks[i] > 0 else NONE
-            if src == SUFFIX and self.suffix is not None:
-                self.suffix.observe(sfx[i], ks[i], n_acc)  # type: ignore[arg-type]
+            if sfx[i] is not None and self.suffix is not None:  # c_j learns from every round it proposed in
+                if src == SUFFIX:
+                    self.suffix.observe(sfx[i], ks[i], n_acc)  # type: ignore[arg-type]
+                elif act.sampling.greedy:  # the committed tokens are the target's argmax: what it would have kept
+                    self.suffix.observe_committed(sfx[i], out.committed[i])  # type: ignore[arg-type]
             k_d, acc_d = (ks[i], n_acc) if src == DSPARK else (0, 0)  # the policy state learns the drafter only
             c = observe(act.req.policy, act.state, k_d, acc_d, out.top1[i], out.margin[i], self.gate)
             before = len(act.tokens)

@@ -16,7 +16,9 @@ Owns (pure Python, no torch, no models):
   posterior mean with forgetting (counts are halved past `horizon` observations), so the survival rule weighs a
   suffix proposal like the DSpark head's calibrated c_k.
 - `SuffixProposer`: the above for the rows of one RoundScheduler (or shared across schedulers, like GateMemory):
-  `propose(key, sequence, cap)` → `SuffixProposal | None`, `observe(proposal, k, accepted)`, `release(key,
+  `propose(key, sequence, cap)` → `SuffixProposal | None`, `observe(proposal, k, accepted)` (a verified suffix
+  round), `observe_committed(proposal, committed)` (a greedy round that verified another proposer: the committed
+  tokens say what this proposal would have kept), `release(key,
   sequence, prompt_len)` (folds the output into the cross-request index). At most `max_requests` own indices.
 
 A proposal is deterministic: for rejection sampling its q is a one-hot at each proposed token (spec_decode.loop
@@ -44,7 +46,7 @@ SOURCES = ("own", "cross")
 class SuffixConfig:
     """Bounds and priors of the suffix proposer."""
 
-    min_match: int = 2  # shortest suffix (tokens) that counts as a match
+    min_match: int = 1  # shortest suffix (tokens) that counts as a match (short ones learn their own low c_j)
     max_match: int = 8  # longest suffix looked up; orders min_match..max_match are indexed
     ring_tokens: int = 1 << 16  # cross-request index: tokens of recent outputs kept (ring buffer)
     max_entries: int = 1 << 16  # cross-request index: n-gram entries kept (LRU eviction)
@@ -261,6 +263,22 @@ class SuffixProposer:
         tokens, n = best
         conf = tuple(self.confidence.conf(source, n, j) for j in range(1, len(tokens) + 1))
         return SuffixProposal(tuple(tokens), conf, n, source)
+
+    def observe_committed(self, proposal: SuffixProposal, committed: Sequence[int]) -> None:
+        """Learn from a greedy round whose drafts came from elsewhere (DSpark, or none): the target's committed
+        tokens are exactly what verifying this proposal would have accepted, as far as they reach (a mismatch at
+        j: positions 1..j reached, 1..j−1 accepted). Free data, so c_j keeps learning where DSpark wins."""
+        m, n = 0, min(len(proposal.tokens), len(committed))
+        while m < n and proposal.tokens[m] == committed[m]:
+            m += 1
+        k = m + 1 if m < n else m
+        if k >= 1:
+            self.confidence.observe(proposal.source, proposal.match_len, k, m)
+
+    def forget_outputs(self) -> None:
+        """Empty the cross-request index (benchmarks: a repeated prompt must not copy its own earlier output); the
+        learned confidences stay."""
+        self.cross = SuffixIndex(self.config)
 
     def observe(self, proposal: SuffixProposal, k: int, accepted: int) -> None:
         """Fold one verified round (k ≥ 1 of the proposal's tokens verified, `accepted` kept) into c_j."""

@@ -88,6 +88,19 @@ def test_generate_cli_json(tiny_pair, capsys) -> None:
                "--target", str(tiny_pair.target), "--dtype", "float32", "--json"])
     plain = json.loads(capsys.readouterr().out)
     assert plain["token_ids"] == out["token_ids"] and plain["stats"]["tau"] == 1.0
+    prompt = "a b c d a b c d a b c d a b c"  # repeats: the suffix proposer has matches from the first round
+    for proposers in ("suffix", "dspark,suffix"):
+        rc = main(["generate", "--prompt", prompt, "--max-new-tokens", "24", "--proposers", proposers,
+                   "--target", str(tiny_pair.target), "--draft", str(tiny_pair.draft), "--dtype", "float32",
+                   "--gamma", "4", "--json"])
+        got = json.loads(capsys.readouterr().out)
+        assert rc == 0 and set(got["stats"]["proposers"]) <= set(proposers.split(","))
+        assert "suffix" in got["stats"]["proposers"] and {r["proposer"] for r in got["stats"]["rounds"]} >= {"suffix"}
+        if proposers == "suffix":
+            assert got["stats"]["draft_calls"] == 0
+        rc = main(["generate", "--prompt", prompt, "--max-new-tokens", "24", "--policy", "plain",
+                   "--target", str(tiny_pair.target), "--dtype", "float32", "--json"])
+        assert json.loads(capsys.readouterr().out)["token_ids"] == got["token_ids"]
 
 
 def test_deployment_guide_example_runs(tiny_pair) -> None:
@@ -193,11 +206,19 @@ def test_bench_writes_a_report(tiny_pair, tmp_path, capsys, caplog) -> None:
     names = [r.split("|")[1].strip() for r in main_rows]
     assert names[0] == "ours plain" and "ours DSpark (confidence)" in names and "ours DSpark (survival)" in names
     assert "ours DSpark (survival, useless drafter)" in names
+    assert {"ours suffix (survival)", "ours hybrid DSpark+suffix (survival)",
+            "ours hybrid DSpark+suffix (survival, useless drafter)"} <= set(names)  # both proposers, each alone
+    assert "| engine | proposer | rounds | accepted tokens | α | α_j |" in text
     fixed = [n for n in names if n.startswith("ours DSpark (fixed K=")]
     assert len(fixed) >= gamma - 1, names  # every K in 1..γ
     assert all(r.rstrip().endswith("| yes |") for r in main_rows[1:]), text  # lossless, the useless drafter too
     assert "τ by prompt kind" in text and "| engine | chat | code |" in text and "commit " in text
     assert out.with_suffix(".png").stat().st_size > 10_000
+    from dspark_trt.commands.bench import prompt_set
+
+    edits = prompt_set("code-edit")
+    assert len(edits) >= 6 and {p.kind for p in edits} == {"code-edit"} and all("```" in p.text for p in edits)
+    assert {p.kind for p in prompt_set("all")} >= {"code", "chat", "math", "code-edit", "text"}
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "x"}\n')
     assert main(["bench", "--target", str(tiny_pair.target), "--draft", str(tiny_pair.draft), "--prompts", str(bad),

@@ -252,3 +252,15 @@ def test_speculative_sampling_with_suffix_proposals_matches_target_marginals(ref
     assert sstats.chisquare(obs.numpy(), (exp / exp.sum() * obs.sum()).numpy()).pvalue > 1e-3
     suffix = sched.totals.by_proposer["suffix"]
     assert be.draft_calls == 0 and suffix.rounds >= n and suffix.accepted_tokens > n // 10  # x2 was a verified draft
+
+
+def test_confidence_learns_from_greedy_rounds_another_proposer_won() -> None:
+    sp = SuffixProposer()
+    p = SuffixProposal((5, 6, 7), (0.5,) * 3, 3, "own")
+    sp.observe_committed(p, [5, 6, 9])  # d_1, d_2 would have been kept, d_3 rejected
+    sp.observe_committed(p, [5])  # only position 1 decidable: accepted
+    c = sp.confidence
+    assert c.reached[("own", 3, 1)] == 2 and c.hits[("own", 3, 1)] == 2
+    assert c.reached[("own", 3, 3)] == 1 and c.hits.get(("own", 3, 3), 0) == 0
+    sp.observe_committed(p, [4, 6])  # rejected at once
+    assert c.reached[("own", 3, 1)] == 3 and c.hits[("own", 3, 1)] == 2 and c.reached[("own", 3, 2)] == 1
