@@ -75,19 +75,21 @@ inline void emit_blocks(const LinearPlan& p, int64_t m, int64_t blk0, const __m2
   }
 }
 
-// The packed weight block blk (for software prefetch while the block before it is multiplied), nullptr past the end
+// Bytes of one packed 16-row weight block, and block blk (for software prefetch while the blocks before it are
+// multiplied), nullptr past the end
+inline int64_t block_bytes(const LinearPlan& p) { return p.Kp * 16 * (p.kind == P_F32 ? 4 : (p.kind == P_BF16 ? 2 : 1)); }
 inline const char* next_block(const LinearPlan& p, int64_t blk) {
-  if (blk >= p.NB) return nullptr;
-  const int64_t bytes = p.Kp * 16 * (p.kind == P_F32 ? 4 : (p.kind == P_BF16 ? 2 : 1));
-  return static_cast<const char*>(p.w) + blk * bytes;
+  return blk >= p.NB ? nullptr : static_cast<const char*>(p.w) + blk * block_bytes(p);
 }
 
-// A row group's share of the next block's software prefetch: group g of G touches bytes [g/G, (g+1)/G) of the
-// block, `step` = 64/G bytes per k-pair (a line per G k-pairs, no branch), so the next block streams in under the
-// compute of all the groups of this one, not in a burst under the first. next = nullptr: no prefetch.
+// A row group's share of the software prefetch of the blocks after the tile's (as many as the tile multiplies,
+// `stride` bytes apart): group g of G touches bytes [g/G, (g+1)/G) of each, `step` = 64/G bytes per k step of one
+// 64-byte line (a line per G steps, no branch), so they stream in under the compute of all the groups of this
+// tile, not in a burst under the first. next = nullptr: no prefetch.
 struct Prefetch {
   const char* next = nullptr;
-  int64_t step = 64;
+  int64_t step = 64, stride = 0;
+  inline void at(int b, int64_t line) const { _mm_prefetch(next + b * stride + line * step, _MM_HINT_T0); }
 };
 
 // ---------------------------------------------------------------------------------------------------- float kinds
@@ -109,7 +111,8 @@ inline void fma_sums(const LinearPlan& p, int64_t m0, int64_t blk0, __m256 (&out
     const int64_t kq = Kp / 2;
     const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
     for (int64_t k2 = 0; k2 < kq; ++k2) {
-      if (pf.next) _mm_prefetch(pf.next + k2 * pf.step, _MM_HINT_T0);
+      if (pf.next)
+        for (int b = 0; b < NBT; ++b) pf.at(b, k2);  // line k2 of each next block
       for (int b = 0; b < NBT; ++b) {
         const uint16_t* wp = static_cast<const uint16_t*>(p.w) + ((blk0 + b) * kq + k2) * 32;
         for (int j = 0; j < 2; ++j) {  // k = 2·k2 + j: the low (j = 0) or high (j = 1) bf16 of each lane
@@ -128,7 +131,8 @@ inline void fma_sums(const LinearPlan& p, int64_t m0, int64_t blk0, __m256 (&out
   } else {  // P_F32, P_I8F: [NB, K, 16]
     const int64_t line = KIND == P_F32 ? 64 : 16;  // bytes of one k of a block
     for (int64_t k = 0; k < Kp; ++k) {
-      if (pf.next && (k * line) % 64 == 0) _mm_prefetch(pf.next + k * line * pf.step / 64, _MM_HINT_T0);
+      if (pf.next && (k * line) % 64 == 0)
+        for (int b = 0; b < NBT; ++b) pf.at(b, k * line / 64);
       for (int b = 0; b < NBT; ++b) {
         __m256 wv[2];
         for (int h = 0; h < 2; ++h) {
@@ -154,7 +158,7 @@ constexpr int64_t SEG = 128;  // quads per int32 segment: |lane| ≤ 128 · 2 ·
 
 // exact Σ_k x[m0 + m, k] · w[row, k] per row of blocks blk0 + b, as double [b][quarter q: rows 4q..4q+3][m]
 template <int MRT, int NBT>
-inline void int_sums(const LinearPlan& p, int64_t m0, int64_t blk0, __m256d (&tot)[NBT][4][MRT]) {
+inline void int_sums(const LinearPlan& p, int64_t m0, int64_t blk0, __m256d (&tot)[NBT][4][MRT], Prefetch pf = {}) {
   for (int b = 0; b < NBT; ++b)
     for (int q = 0; q < 4; ++q)
       for (int m = 0; m < MRT; ++m) tot[b][q][m] = _mm256_setzero_pd();
@@ -168,6 +172,8 @@ inline void int_sums(const LinearPlan& p, int64_t m0, int64_t blk0, __m256d (&to
       for (int q = 0; q < 4; ++q)
         for (int m = 0; m < MRT; ++m) acc[b][q][m] = _mm256_setzero_si256();
     for (int64_t k4 = s0; k4 < s1; ++k4) {
+      if (pf.next)
+        for (int b = 0; b < NBT; ++b) pf.at(b, k4);  // line k4 of each next block
       __m256i xb[MRT];
       for (int m = 0; m < MRT; ++m) {
         int64_t quad;
@@ -208,11 +214,11 @@ inline void int_values(const LinearPlan& p, int64_t m0, const __m256d (&tot)[NBT
 // blk0 + 1 (fc) summed in two passes of one block each, then emitted together (fewer live registers).
 template <int KIND, int MRT, int NBT, bool PAIR = false>
 void tile(const LinearPlan& p, int64_t m0, int64_t blk0, int part = 0, int parts = 0) {
-  auto pf = [&](int64_t blk) {  // bytes of a block = Kp · 32 (bf16), 64 (fp32), 16 (int8 with fp32 activations)
+  auto pf = [&](int64_t blk) {  // blocks blk.. (as many as the pass multiplies), this group's share
     const char* nb = parts ? next_block(p, blk) : nullptr;
-    if (!nb) return Prefetch{};
-    const int64_t bytes = p.Kp * 16 * (KIND == P_F32 ? 4 : (KIND == P_BF16 ? 2 : 1));
-    return Prefetch{nb + bytes * part / parts, 64 / parts};
+    if (!nb || next_block(p, blk + NBT - 1) == nullptr) return Prefetch{};
+    const int64_t bytes = block_bytes(p);
+    return Prefetch{nb + bytes * part / parts, 64 / parts, bytes};
   };
   constexpr int NB = PAIR ? 2 : NBT;
   if constexpr (KIND == P_SQ) {  // the int8 kinds (P_SQ stands for P_SQ and P_I8Q)
@@ -221,7 +227,7 @@ void tile(const LinearPlan& p, int64_t m0, int64_t blk0, int part = 0, int parts
       int_sums<MRT, 1>(p, m0, blk0, reinterpret_cast<__m256d(&)[1][4][MRT]>(tot[0]));
       int_sums<MRT, 1>(p, m0, blk0 + 1, reinterpret_cast<__m256d(&)[1][4][MRT]>(tot[1]));
     } else {
-      int_sums<MRT, NB>(p, m0, blk0, tot);
+      int_sums<MRT, NB>(p, m0, blk0, tot, pf(blk0 + NB));
     }
     for (int m = 0; m < MRT; ++m) {
       __m256 v[NB][2];
@@ -310,9 +316,9 @@ void many_rows(const LinearPlan& p, int64_t m0, int64_t blk, bool pf) {
 template <int KIND, int NB1>
 void one_row(const LinearPlan& p, int64_t m, int64_t b0, int64_t b1) {
   int64_t blk = b0;
-  for (; blk + NB1 <= b1; blk += NB1) tile<KIND, 1, NB1>(p, m, blk);
+  for (; blk + NB1 <= b1; blk += NB1) tile<KIND, 1, NB1>(p, m, blk, 0, 1);  // prefetching the next NB1 blocks
   if constexpr (NB1 > 2) {
-    for (; blk + 2 <= b1; blk += 2) tile<KIND, 1, 2>(p, m, blk);
+    for (; blk + 2 <= b1; blk += 2) tile<KIND, 1, 2>(p, m, blk, 0, 1);
   }
   if (blk < b1) tile<KIND, 1, 1>(p, m, blk);
 }
