@@ -264,3 +264,24 @@ def test_confidence_learns_from_greedy_rounds_another_proposer_won() -> None:
     assert c.reached[("own", 3, 3)] == 1 and c.hits.get(("own", 3, 3), 0) == 0
     sp.observe_committed(p, [4, 6])  # rejected at once
     assert c.reached[("own", 3, 1)] == 3 and c.hits[("own", 3, 1)] == 2 and c.reached[("own", 3, 2)] == 1
+
+
+def test_sampled_hybrid_rounds_mix_dspark_q_and_one_hot_q_and_reproduce(ref_backend) -> None:
+    """Sampled rows with both proposers: DSpark rows keep their q, suffix rows get a one-hot q in the same batch;
+    a seed fixes the output."""
+    def run() -> tuple[dict[int, list[int]], RoundScheduler]:
+        be = ref_backend("draft", max_batch=3)
+        sched = RoundScheduler(be, LoopConfig(gamma=4, cost_table=TABLE), suffix=SuffixProposer())
+        ids = [sched.add(Request(tuple(p), 30, SamplingParams(temperature=0.7, seed=s),
+                                 PolicyConfig(max_k=4, proposers=HYBRID)))
+               for s, p in enumerate([[5, 6, 7, 8] * 4, [9, 10, 11] * 3, [12, 13] * 5])]
+        out: dict[int, list[int]] = {r: [] for r in ids}
+        while sched.pending:
+            for ev in sched.step():
+                out[ev.request_id].extend(ev.new_tokens)
+        return out, sched
+
+    a, sched = run()
+    b, _ = run()
+    assert a == b and all(len(t) == 30 for t in a.values())
+    assert {"dspark", "suffix"} <= set(sched.totals.by_proposer), sched.totals.by_proposer
