@@ -20,10 +20,12 @@ from __future__ import annotations
 import contextlib
 import enum
 import fcntl
+import functools
 import hashlib
 import logging
 import os
 import platform
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -134,12 +136,25 @@ def _cache_root() -> Path:
     return Path(os.environ.get("DSPARK_CACHE", Path.home() / ".cache" / "dspark_trt")) / "native"
 
 
+@functools.lru_cache(maxsize=1)
+def _toolchain() -> tuple[str, ...]:
+    """What else torch.utils.cpp_extension writes into a build's build.ninja: torch's and Python's include
+    directories and the interpreter's version."""
+    import sysconfig
+
+    from torch.utils import cpp_extension
+
+    return (*cpp_extension.include_paths(), sysconfig.get_paths()["include"], sys.version)
+
+
 def build_dir(build: str | None = None) -> Path:
     """Where this engine build's source, torch version, flags and CPU build (and cache) the extension."""
     b = BUILDS[build or ENGINE_BUILD.get(engine(), "avx2")]
     src = "\n".join((HERE / f).read_text() for f in b.sources + b.headers)
     cpu = " ".join(sorted(f for f in cpu_flags() if f.startswith(("avx", "amx", "fma", "f16c"))))
-    key = "\n".join([src, torch.__version__, " ".join(COMMON_FLAGS + list(b.flags)), cpu])
+    # The include paths and interpreter end up in build.ninja: processes that differ in them (a Triton stub's
+    # interpreter vs the CLI's, two venvs) get their own directory instead of rebuilding one in turn.
+    key = "\n".join([src, torch.__version__, " ".join(COMMON_FLAGS + list(b.flags)), cpu, *_toolchain()])
     tag = hashlib.sha256(key.encode()).hexdigest()[:12]
     return _cache_root() / f"dspark_native_{b.name}_{tag}"
 
