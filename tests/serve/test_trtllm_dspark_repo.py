@@ -1,6 +1,6 @@
 """The DSpark GPU-host repository end to end in the real tritonserver: `dspark-trt build --serving both` of the tiny
-target + a DSpark drafter writes model_repo/ and model_repo_trtllm/ (the tapped target, no draft engine, the
-DSpark `dspark` model) and the LLM-API files; the testing stand-in (the tensorrtllm interface answered by the
+target + a DSpark drafter writes model_repo/ and model_repo_trtllm/ (the tapped target as the executor-bindings
+python model, no draft engine, the DSpark `dspark` model) and the LLM-API files; the testing stand-in (the tensorrtllm interface answered by the
 reference runtime, with context logits, the tap outputs and TensorRT-LLM's KV-block-reuse contract) replaces
 `target` in a COPY, and 8 concurrent streams through ensemble_stream get exactly the reference repository's tokens
 and text, greedy and seeded sampling. No TensorRT-LLM engine runs here (docs/gpu.md)."""
@@ -71,7 +71,10 @@ def test_build_writes_both_repositories_and_the_llmapi_files(dspark_build: Path)
     assert sorted(p.name for p in repo.iterdir()) == ["dspark", "dspark_sync", "ensemble", "ensemble_stream",
                                                       "preprocessing", "target"]
     text = (repo / "target" / "config.pbtxt").read_text()
-    assert 'backend: "tensorrtllm"' in text and 'name: "dspark_tap_0"' in text and 'name: "dspark_tap_1"' in text
+    assert 'backend: "python"' in text and 'name: "dspark_tap_0"' in text and 'name: "dspark_tap_1"' in text
+    assert 'key: "dspark_tap_names" value: { string_value: "dspark_tap_0,dspark_tap_1" }' in text
+    # the executor-bindings model (the stock tensorrtllm backend drops additional outputs; docs/gpu.md)
+    assert "ExecutorTargetModel" in (repo / "target" / "1" / "model.py").read_text()
     assert (dspark_build / "model_repo" / "dspark").is_dir()
     manifest = json.loads((dspark_build / "manifest.json").read_text())
     eng = manifest["stages"]["engines"]["outputs"]

@@ -4,8 +4,9 @@ swapped into a COPY of the built repository and never shipped in dspark_trt/mode
 
 Owns install_standin (rewrite `target` / `draft` in a repository copy: `backend: "python"` instead of
 "tensorrtllm", every tensor declaration and parameter kept, a 1/model.py over trtllm_standin.triton.StandinModel,
-STANDIN.txt saying so). The semantics it answers with are trtllm_standin.engine's (the reference runtime, not an
-engine).
+STANDIN.txt saying so). A DSpark pair's `target` is already a python model (the executor-bindings model,
+serve/gpu_host/executor_model.py): its config is kept the same way and only its 1/model.py is swapped.
+The semantics it answers with are trtllm_standin.engine's (the reference runtime, not an engine).
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ class TritonPythonModel(StandinModel):
     pb = pb_utils
 '''
 _BACKEND = re.compile(r'^backend:\s*"tensorrtllm"\s*$', re.M)
-_PATH = re.compile(r'key:\s*"gpt_model_path"\s*value:\s*\{\s*string_value:\s*"([^"]*)"')
+_PATH = re.compile(r'key:\s*"(?:gpt_model_path|engine_dir)"\s*value:\s*\{\s*string_value:\s*"([^"]*)"')
+_EXECUTOR = re.compile(r'^backend:\s*"python"\s*$', re.M)  # the DSpark target (executor bindings) has engine_dir
 _DELAY = re.compile(r"max_queue_delay_microseconds:\s*\d+")
 
 
@@ -37,17 +39,19 @@ def standin_config(text: str, role: str, build_dir: Path | None = None, queue_de
                    reuse_block: int = 0) -> str:
     """A filled tensorrtllm config.pbtxt → the same model on the python backend (tensors and parameters kept;
     the dynamic batcher waits queue_delay_us so concurrent requests form one batch; STANDIN_* parameters added)."""
-    if not _BACKEND.search(text):
-        raise InvalidArgumentError(f"the {role} config is not a tensorrtllm model (no `backend: \"tensorrtllm\"`); "
-                                   "pass a build/NAME/model_repo_trtllm copy")
+    executor = bool(_EXECUTOR.search(text)) and 'key: "engine_dir"' in text
+    if not _BACKEND.search(text) and not executor:
+        raise InvalidArgumentError(f"the {role} config is not a tensorrtllm model (no `backend: \"tensorrtllm\"`) "
+                                   "nor the DSpark executor target; pass a build/NAME/model_repo_trtllm copy")
     if build_dir is None:
         m = _PATH.search(text)
         if m is None:
-            raise InvalidArgumentError(f"the {role} config has no gpt_model_path; pass build_dir")
+            raise InvalidArgumentError(f"the {role} config has no gpt_model_path / engine_dir; pass build_dir")
         build_dir = Path(m.group(1)).parents[1]  # BUILD_DIR/engines/ROLE
     out = _BACKEND.sub('backend: "python"', text)
     out = _DELAY.sub(f"max_queue_delay_microseconds: {int(queue_delay_us)}", out)
-    head = ("# STAND-IN (testing only): the tensorrtllm model's interface on the python backend, answered by the "
+    what = "executor target model's" if executor else "tensorrtllm model's"
+    head = (f"# STAND-IN (testing only): the {what} interface on the python backend, answered by the "
             "reference runtime\n# (dspark_trt.testing.trtllm_standin); no TensorRT-LLM engine runs.\n")
     tail = (f'parameters: {{ key: "STANDIN_ROLE" value: {{ string_value: "{role}" }} }}\n'
             f'parameters: {{ key: "STANDIN_BUILD_DIR" value: {{ string_value: "{Path(build_dir).resolve()}" }} }}\n'
