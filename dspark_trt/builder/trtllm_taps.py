@@ -18,8 +18,10 @@ Why this mechanism (TensorRT-LLM 1.2.x sources, tests/builder/trtllm_1_2_1_names
   without draft tokens (a context request with external draft tokens feeds chunk + K tokens). So the tapped target
   is built WITHOUT speculative_decoding_mode: the scheduler verifies a block as a context request over
   sequence + d_1..d_K (context logits gathered, --gather_context_logits) and accepts on those logits itself.
-- With KV-cache reuse, context outputs cover only the computed (non-reused) suffix of the input; the serving side
-  maps the returned rows onto the input's last positions (serve/gpu_host/taps.py).
+- With KV-cache reuse the engine computes only the non-reused suffix of the input: the executor returns context
+  outputs as [prompt_len, ·] tensors whose reused rows are never written; the GPU-host `target` model
+  (serve/gpu_host/executor_model.py) trims them to the computed suffix, which serve/gpu_host/taps.py maps onto the
+  input's last positions.
 The only other module importing tensorrt_llm is builder/trtllm.py; here the import is inside functions.
 """
 from __future__ import annotations

@@ -12,8 +12,9 @@ context requests to the tapped `target` model:
   1. The context logits of positions T−1..T+K−1 go through spec_decode.accept.sample_accept — the reference
   runtime's acceptance, its keyed RNG included — and the tap rows of the anchor + accepted drafts extend the
   drafter's context. So greedy AND seeded sampled output equal the reference runtime's, token for token.
-- KV-cache reuse: the engine returns context outputs only for the input rows it computed (the non-reused suffix);
-  row j of n belongs to input position L − n + j. A reply that misses positions we need (another request with the
+- KV-cache reuse: the `target` model returns context outputs only for the input rows the engine computed (the
+  non-reused suffix; serve/gpu_host/executor_model.py trims the executor's [L, ·] tensors to it); row j of n
+  belongs to input position L − n + j. A reply that misses positions we need (another request with the
   same tokens filled those blocks) is re-asked as a plain step (the sequence alone: its last position is always
   computed); a row whose drafter context has a hole drafts nothing from then on (plain rounds, still exact).
 """
