@@ -44,6 +44,8 @@ def test_bench_runs_on_tiny_model_without_llama_cpp(tiny_pair, tmp_path: Path, m
     assert set(rep.verify) == {"ours bf16", "ours W8A16"} and all(len(c) == 2 for c in rep.verify.values())
     text = out.read_text()
     assert "| ours W8A16 |" in text and "K=2" in text
+    assert rep.peak_gflops > 0 and all(len(c) == 2 and min(c) >= 1.0 for c in rep.floor.values())
+    assert "| compute floor, ours bf16 |" in text
     assert "llama.cpp q8_0: not measured" in text
     try:
         import matplotlib  # noqa: F401
