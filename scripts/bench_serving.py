@@ -11,6 +11,8 @@ Usage (the numbers in docs/serving.md):
   .venv/bin/python scripts/bench_serving.py --repo build/default/model_repo --concurrency 1 8 --threads 1 2 \\
       --batch-caps 8 --inprocess --rounds 3 --max-tokens 96 --policy plain
   .venv/bin/python scripts/bench_serving.py --repo build/default/model_repo --concurrency 16 --batch-caps 4 8 16
+With --grid: the concurrency × K-policy grid under load (scripts/bench_serving_grid.py; `--grid --help`):
+  .venv/bin/python scripts/bench_serving.py --grid --quick --repo build/default/model_repo
 """
 from __future__ import annotations
 
@@ -147,6 +149,10 @@ class InProcess:
 
 
 def main() -> int:
+    if "--grid" in sys.argv[1:]:  # the policy grid under load: its own script, its own flags
+        from bench_serving_grid import main as grid_main  # noqa: PLC0415 - scripts/ is sys.path[0]
+
+        return grid_main([a for a in sys.argv[1:] if a != "--grid"])
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repo", type=Path, required=True, help="model repository (build/NAME/model_repo)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])

@@ -53,7 +53,7 @@ def load_backend(cfg: ServeConfig) -> LoadedBackend:
 
 def make_batcher(cfg: ServeConfig, loaded: LoadedBackend, metrics: ServeMetrics, faults: str = "") -> Any:
     """The in-flight batching worker over the loaded backend (started)."""
-    from dspark_trt.serve.worker import InflightBatcher, serving_backend  # noqa: PLC0415
+    from dspark_trt.serve.worker import InflightBatcher, proposers_from_env, serving_backend  # noqa: PLC0415
     from dspark_trt.spec_decode.loop import LoopConfig, RoundScheduler  # noqa: PLC0415
 
     table = None
@@ -63,4 +63,4 @@ def make_batcher(cfg: ServeConfig, loaded: LoadedBackend, metrics: ServeMetrics,
         table = profile_costs(loaded.backend, cfg.gamma + 1, reps=3)
     config = LoopConfig(gamma=cfg.gamma) if table is None else LoopConfig(gamma=cfg.gamma, cost_table=table)
     sched = RoundScheduler(serving_backend(loaded.backend, metrics, faults), config)
-    return InflightBatcher(sched, metrics, max_queue=cfg.max_queue).start()
+    return InflightBatcher(sched, metrics, max_queue=cfg.max_queue, proposers=proposers_from_env()).start()

@@ -19,7 +19,8 @@ Owns: Job / ResponseSink (what execute() hands over), `to_loop_request` (a valid
 Request), `latency_observer` (draft/verify latency and drafter-failure counts into ServeMetrics, for either
 executor), `serving_backend` (the backend wrapped with spec_decode.stats.TimedBackend reporting to that observer,
 plus optional fault injection for tests), InflightBatcher (which turns RoundScheduler.speculate off while the queue
-is deeper than MAX_QUEUE). Knows nothing of pb_utils: the stub passes a ResponseSink and a ServeMetrics.
+is deeper than MAX_QUEUE; its requests propose with the server's proposers, DSPARK_PROPOSERS). Knows nothing of
+pb_utils: the stub passes a ResponseSink and a ServeMetrics.
 
 Cancellation: one path. Every way a client ends a running request early goes through `InflightBatcher._cancel`,
 on the round thread of the `dspark` stub, which calls `RoundScheduler.cancel` (freeing the request's KV slot in
@@ -50,12 +51,15 @@ from dspark_trt.serve.text import CONTEXT_TOKENS
 from dspark_trt.serve.validate import GenerationParams
 from dspark_trt.spec_decode.loop import Request, RoundEvent, RoundScheduler
 from dspark_trt.spec_decode.protocols import SamplingParams
+from dspark_trt.spec_decode.policies import parse_proposers
 from dspark_trt.spec_decode.scheduler import PolicyConfig
 from dspark_trt.spec_decode.stats import TimedBackend
 
 log = logging.getLogger(__name__)
 
 CANCEL_POLL_S = 0.1  # how often the loop asks Triton whether its requests were cancelled
+PROPOSERS_ENV = "DSPARK_PROPOSERS"  # the server's proposers for every speculating request ("dspark", "suffix",
+# "dspark,suffix"; spec_decode.proposers); unset: "dspark"
 FAULT_ENV = "DSPARK_SERVE_FAULTS"  # "draft" / "verify": every such pass raises; "draft:N": the first N do; "slow:MS":
 # every verify pass takes MS ms longer (tests that need a request to stay in flight)
 STOPPED, CANCELLED = "stopped", "cancelled"  # why _cancel ended a request (STOPPED is its finish_reason)
@@ -127,19 +131,36 @@ class FaultyBackend:
         return self._inner.verify(*args, **kwargs)
 
 
-def policy_config(params: GenerationParams) -> PolicyConfig:
-    """The loop's PolicyConfig for a request (fixed verifies max_k every round)."""
-    return PolicyConfig(policy=params.policy, k=params.max_k, min_k=params.min_k, max_k=params.max_k)
+def policy_config(params: GenerationParams, proposers: tuple[str, ...] = ("dspark",)) -> PolicyConfig:
+    """The loop's PolicyConfig for a request (fixed verifies max_k every round; `proposers`: the server's)."""
+    return PolicyConfig(policy=params.policy, k=params.max_k, min_k=params.min_k, max_k=params.max_k,
+                        proposers=proposers)
 
 
-def to_loop_request(prompt_ids: tuple[int, ...], params: GenerationParams, eos_ids: tuple[int, ...]) -> Request:
+def proposers_from_env() -> tuple[str, ...]:
+    """The server's proposers from DSPARK_PROPOSERS (default "dspark"); InvalidArgumentError naming the valid
+    names for another value (the stub then fails to load, with that message in the server log)."""
+    raw = os.environ.get(PROPOSERS_ENV, "").strip()
+    if not raw:
+        return ("dspark",)
+    try:
+        names = parse_proposers(raw)
+    except InvalidArgumentError as exc:
+        raise InvalidArgumentError(f"{PROPOSERS_ENV}={raw!r}: {exc}; fix the environment of `dspark-trt serve` "
+                                   f"(e.g. {PROPOSERS_ENV}=dspark,suffix) or unset it") from exc
+    log.info("%s=%s: every speculating request proposes with %s", PROPOSERS_ENV, raw, ",".join(names))
+    return names
+
+
+def to_loop_request(prompt_ids: tuple[int, ...], params: GenerationParams, eos_ids: tuple[int, ...],
+                    proposers: tuple[str, ...] = ("dspark",)) -> Request:
     """A request validated by serve.validate → spec_decode.loop.Request (end_id, when given, replaces the model's eos
     ids). Validation already happened at the entry point; a failure here is answered as a RequestError anyway."""
     eos = (params.end_id,) if params.end_id is not None else tuple(eos_ids)
     try:
         return Request(prompt_ids=tuple(int(t) for t in prompt_ids), max_new_tokens=params.max_tokens,
                        sampling=SamplingParams(params.temperature, params.top_p, params.seed),
-                       policy=policy_config(params), eos_ids=eos, stop_sequences=params.stop_sequences)
+                       policy=policy_config(params, proposers), eos_ids=eos, stop_sequences=params.stop_sequences)
     except InvalidArgumentError as exc:
         raise RequestError(str(exc)) from exc
 
@@ -167,6 +188,7 @@ def _stats_payload(job: Job, ev: RoundEvent | None) -> dict[str, object]:
     out["finish_reason"] = ev.finish_reason if ev is not None else None
     bs = job.batch_sizes or [0]
     out["batch"] = {"mean": round(sum(bs) / len(bs), 3), "max": max(bs), "rounds": len(job.batch_sizes)}
+    out["batch_per_round"] = list(job.batch_sizes)  # rows in each of its rounds, aligned with k_per_round
     out["speculation_off_rounds"] = job.spec_off_rounds
     out["time_to_first_token_ms"] = round(1e3 * ((job.t_first or time.monotonic()) - job.t_submit), 2)
     out["latency_ms"] = round(1e3 * (time.monotonic() - job.t_submit), 2)
@@ -176,8 +198,10 @@ def _stats_payload(job: Job, ev: RoundEvent | None) -> dict[str, object]:
 class InflightBatcher:
     """The central round loop: submit() from any thread; one worker thread runs the rounds."""
 
-    def __init__(self, scheduler: RoundScheduler, metrics: ServeMetrics, max_queue: int) -> None:
+    def __init__(self, scheduler: RoundScheduler, metrics: ServeMetrics, max_queue: int,
+                 proposers: tuple[str, ...] = ("dspark",)) -> None:
         self.scheduler = scheduler
+        self.proposers = parse_proposers(proposers)
         self.metrics = metrics
         self.max_queue = max_queue
         self._incoming: deque[Job] = deque()
@@ -267,7 +291,7 @@ class InflightBatcher:
 
     def _admit(self, job: Job) -> None:
         try:
-            job.rid = self.scheduler.add(to_loop_request(job.prompt_ids, job.params, job.eos_ids))
+            job.rid = self.scheduler.add(to_loop_request(job.prompt_ids, job.params, job.eos_ids, self.proposers))
         except Exception as exc:  # noqa: BLE001 - InvalidArgumentError/RequestError carry the fix
             job.sink.error(str(exc))
             self.metrics.inc("dspark_errors_total")

@@ -1,0 +1,411 @@
+#!/usr/bin/env python
+"""DSpark under load: a concurrency × K-policy grid through the real Triton deployment, every answer checked.
+
+Each cell is `concurrency` clients, each its own gRPC stream to `ensemble_stream`, sending --requests-per-cell
+greedy requests back to back from a mixed prompt set (short chat prompts through the chat template, and long
+code contexts cut from this repository's sources, so long prefills and decoding share rounds). Per cell: output
+tok/s and req/s over the cell's wall time, TTFT and ITL p50/p99 (ITL per token: the gap between two streamed
+responses over the tokens in the later one, as `dspark-trt load`), mean K and τ, and the K each policy chose per
+round by the batch size of that round (the `stats` of each request: k_per_round, batch_per_round). Every answer
+is compared with the same prompt's single-stream answer (plain policy, one request at a time, through the same
+server, before the grid); mismatches are counted and the first differences reported; exit status 1 on any
+mismatch or error. Policies: plain, fixed3 (fixed K = 3), fixedg (fixed K = γ), confidence, survival, and
+survival+suffix (survival on a second server started with DSPARK_PROPOSERS=dspark,suffix; --repo only: the
+proposers are a server setting, not a request field). Cells run level by level, each policy in turn, so machine
+load drifts hit every policy alike. Results: grid.json, grid.md (the tables, the machine, commit and load
+average) and grid.png (throughput vs concurrency per policy; ITL vs throughput) under --out.
+
+  .venv/bin/python scripts/bench_serving.py --grid --quick --repo build/default/model_repo           # ~2 min
+  .venv/bin/python scripts/bench_serving.py --grid --repo build/default/model_repo \\
+      --concurrency 1 2 4 8 16 32 64 --policies plain fixed3 fixedg confidence survival survival+suffix \\
+      --requests-per-cell 4 --max-tokens 128                                       # the docs/serving.md grid
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from serving_grid_report import write_outputs  # noqa: E402
+
+from dspark_trt.errors import InvalidArgumentError, ServeError  # noqa: E402
+
+log = logging.getLogger("bench_serving_grid")
+
+MODEL = "ensemble_stream"
+HYBRID = "survival+suffix"
+POLICY_NAMES = ("plain", "fixed3", "fixedg", "confidence", "survival", HYBRID)
+QUICK = {"concurrency": [1, 4], "policies": ["plain", "survival"], "requests_per_cell": 2, "max_tokens": 32,
+         "long_tokens": 256}
+CHAT = ("Write a Python function that checks whether a number is prime.", "Explain what a hash map is.",
+        "List three uses of the os module in Python.", "What is speculative decoding?",
+        "Write a haiku about compilers.", "How do I reverse a list in Python?",
+        "Summarize the rules of chess in three sentences.", "Give two tips for writing readable code.")
+CODE_SOURCES = ("dspark_trt/spec_decode/accept.py", "dspark_trt/spec_decode/suffix.py",
+                "dspark_trt/runtime/kv_cache.py", "dspark_trt/serve/text.py")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One prompt of the mixed set."""
+
+    kind: str  # "chat" (short, chat template) | "code" (long context, raw text)
+    prompt: str
+    chat: bool
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A grid row: the request's policy inputs and the server it runs on ("hybrid": DSPARK_PROPOSERS=dspark,suffix)."""
+
+    name: str
+    policy: str
+    min_k: int | None = None
+    max_k: int | None = None
+    server: str = "main"
+
+
+@dataclass
+class Sample:
+    """One request of a cell: what came back and when (monotonic seconds)."""
+
+    job: int
+    ids: list[int] = field(default_factory=list)
+    t_send: float = 0.0
+    t_first: float | None = None
+    t_done: float = 0.0
+    gaps: list[float] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+def policy_specs(names: Sequence[str], gamma: int, min_k: int) -> list[PolicySpec]:
+    """Grid rows for `names` (POLICY_NAMES) on a build with draft block γ and default MIN_K."""
+    table = {"plain": PolicySpec("plain", "plain"),
+             "fixed3": PolicySpec("fixed3", "fixed", min(min_k, 3), min(3, gamma)),
+             "fixedg": PolicySpec("fixedg", "fixed", min(min_k, gamma), gamma),
+             "confidence": PolicySpec("confidence", "confidence"), "survival": PolicySpec("survival", "survival"),
+             HYBRID: PolicySpec(HYBRID, "survival", server="hybrid")}
+    bad = [n for n in names if n not in table]
+    if bad:
+        raise InvalidArgumentError(f"--policies: unknown {bad}; choose from {', '.join(POLICY_NAMES)}")
+    return [table[n] for n in names]
+
+
+def serve_config(url: str) -> Any:
+    """The `dspark` model's limits (serve.config.ServeConfig) read from the running server."""
+    import tritonclient.grpc as grpcclient  # noqa: PLC0415
+
+    from dspark_trt.serve.config import ServeConfig  # noqa: PLC0415
+
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        raw = client.get_model_config("dspark", as_json=True, client_timeout=30.0)
+    finally:
+        client.close()
+    return ServeConfig.from_model_config(dict(raw.get("config", raw)))
+
+
+def make_jobs(tokenizer: Any, room: int, max_tokens: int, long_tokens: int) -> list[Job]:
+    """8 short chat prompts and 4 long code contexts, interleaved chat, code, chat (so every level mixes them); a
+    code context is the first `long_tokens` tokens of a source file (clipped to fit room − max_tokens)."""
+    root = Path(__file__).resolve().parents[1]
+    n_code = max(8, min(long_tokens, room - max_tokens - 16))
+    codes = []
+    for src in CODE_SOURCES:
+        ids = tokenizer((root / src).read_text(encoding="utf-8"), add_special_tokens=False)["input_ids"][:n_code]
+        codes.append(tokenizer.decode(ids))
+    jobs: list[Job] = []
+    for i, chat in enumerate(CHAT):
+        jobs.append(Job("chat", chat, True, max_tokens))
+        if i % 2 == 0:
+            jobs.append(Job("code", codes[(i // 2) % len(codes)], False, max_tokens))
+    return jobs
+
+
+class StreamClient:
+    """One gRPC stream to `ensemble_stream`; requests one after another on it, asking for output_ids and stats."""
+
+    def __init__(self, url: str, timeout: float) -> None:
+        import tritonclient.grpc as grpcclient  # noqa: PLC0415
+
+        self.grpc, self.timeout = grpcclient, timeout
+        self.client = grpcclient.InferenceServerClient(url)
+        self.q: queue.Queue = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: self.q.put((result, error, time.monotonic())))
+
+    def close(self) -> None:
+        try:
+            self.client.stop_stream()
+        finally:
+            self.client.close()
+
+    def run(self, index: int, job: Job, spec: PolicySpec) -> Sample:
+        from dspark_trt.serve.clients.client import GenerationRequest, infer_inputs  # noqa: PLC0415
+
+        req = GenerationRequest(prompt=job.prompt, max_tokens=job.max_tokens, stream=True, policy=spec.policy,
+                                min_k=spec.min_k, max_k=spec.max_k, apply_chat_template=job.chat,
+                                return_stats=True, temperature=0.0)
+        outputs = [self.grpc.InferRequestedOutput("output_ids"), self.grpc.InferRequestedOutput("stats")]
+        s = Sample(index)
+        s.t_send = last = time.monotonic()
+        try:
+            self.client.async_stream_infer(MODEL, infer_inputs(self.grpc, req.fields()), outputs=outputs,
+                                           request_id=uuid.uuid4().hex, enable_empty_final_response=True)
+            while True:
+                try:
+                    result, error, t = self.q.get(timeout=self.timeout)
+                except queue.Empty:
+                    s.error = f"no response within {self.timeout:.0f} s"
+                    break
+                if error is not None:
+                    s.error = error.message() if hasattr(error, "message") else str(error)
+                    break
+                ids = result.as_numpy("output_ids")
+                new = [] if ids is None else [int(x) for x in ids.reshape(-1)]
+                if new:
+                    if s.t_first is None:
+                        s.t_first = t
+                    else:
+                        s.gaps.extend([(t - last) / len(new)] * len(new))
+                    last = t
+                    s.ids.extend(new)
+                stats = result.as_numpy("stats")
+                if stats is not None and stats.size and stats.reshape(-1)[0]:
+                    s.stats = json.loads(stats.reshape(-1)[0].decode("utf-8"))
+                final = result.get_response().parameters.get("triton_final_response")
+                if final is not None and final.bool_param:
+                    break
+        except Exception as exc:  # noqa: BLE001 - counted as an error of this request
+            s.error = f"{type(exc).__name__}: {exc}"
+        s.t_done = time.monotonic()
+        return s
+
+
+def cell_jobs(concurrency: int, requests: int, n_jobs: int) -> list[list[int]]:
+    """Per client, the job indices it sends: client c's r-th request is job (c + r·concurrency) mod n_jobs."""
+    return [[(c + r * concurrency) % n_jobs for r in range(requests)] for c in range(concurrency)]
+
+
+def run_cell(url: str, jobs: list[Job], spec: PolicySpec, concurrency: int, requests: int,
+             timeout: float) -> tuple[list[Sample], float]:
+    """`concurrency` clients on their own streams, `requests` each back to back → (samples, wall seconds)."""
+    samples: list[Sample] = []
+    lock = threading.Lock()
+    start = threading.Barrier(concurrency + 1)
+    plan = cell_jobs(concurrency, requests, len(jobs))
+
+    def worker(c: int) -> None:
+        try:
+            client = StreamClient(url, timeout)
+        except Exception as exc:  # noqa: BLE001
+            with lock:
+                samples.extend(Sample(i, error=f"cannot open a stream: {exc}") for i in plan[c])
+            start.wait()
+            return
+        start.wait()
+        try:
+            for i in plan[c]:
+                s = client.run(i, jobs[i], spec)
+                with lock:
+                    samples.append(s)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=worker, args=(c,), name=f"grid-{c}", daemon=True) for c in range(concurrency)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.monotonic()
+    for t in threads:
+        t.join()
+    return samples, time.monotonic() - t0
+
+
+def pct(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (None for no values)."""
+    if not values:
+        return None
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, -(-int(q * len(v)) // 100) - 1))]
+
+
+def batch_bucket(b: int) -> str:
+    """Batch size → its power-of-two bucket label ("1", "2-3", "4-7", …)."""
+    lo = 1 << (max(1, b).bit_length() - 1)
+    return str(lo) if lo == 1 else f"{lo}-{2 * lo - 1}"
+
+
+def summarize_cell(samples: list[Sample], wall: float, refs: dict[int, list[int]], jobs: list[Job]) -> dict[str, Any]:
+    """One cell's numbers; `refs`: job index → its single-stream answer."""
+    good = [s for s in samples if s.error is None]
+    wrong = [s for s in good if s.ids != refs[s.job]]
+    ms = lambda v: None if v is None else round(1e3 * v, 2)  # noqa: E731
+    ttft = [s.t_first - s.t_send for s in good if s.t_first is not None]
+    itl = [g for s in good for g in s.gaps]
+    tokens = sum(len(s.ids) for s in good)
+    k_by_batch: dict[str, list[float]] = {}
+    ks: list[int] = []
+    taus = []
+    for s in good:
+        k_rounds = s.stats.get("k_per_round", [])
+        b_rounds = s.stats.get("batch_per_round", [])
+        ks.extend(k_rounds)
+        for k, b in zip(k_rounds, b_rounds):
+            acc = k_by_batch.setdefault(batch_bucket(int(b)), [0.0, 0])
+            acc[0] += k
+            acc[1] += 1
+        if "tau" in s.stats:
+            taus.append(float(s.stats["tau"]))
+    first_wrong = []
+    for s in wrong[:5]:
+        ref = refs[s.job]
+        at = next((j for j, (a, b) in enumerate(zip(s.ids, ref)) if a != b), min(len(s.ids), len(ref)))
+        first_wrong.append({"job": s.job, "kind": jobs[s.job].kind, "first_difference_at": at, "got": len(s.ids),
+                            "want": len(ref)})
+    return {"requests": len(samples), "ok": len(good) - len(wrong), "wrong": len(wrong),
+            "errors": len(samples) - len(good), "wall_s": round(wall, 3), "tokens": tokens,
+            "prompt_kinds": {k: sum(jobs[s.job].kind == k for s in samples) for k in ("chat", "code")},
+            "tok_s": round(tokens / wall, 2) if wall else 0.0, "req_s": round(len(good) / wall, 3) if wall else 0.0,
+            "ttft_ms": {"p50": ms(pct(ttft, 50)), "p99": ms(pct(ttft, 99))},
+            "itl_ms": {"p50": ms(pct(itl, 50)), "p99": ms(pct(itl, 99))},
+            "mean_k": round(sum(ks) / len(ks), 3) if ks else 0.0, "rounds": len(ks),
+            "tau": round(sum(taus) / len(taus), 3) if taus else 0.0,
+            "k_by_batch": {b: {"mean_k": round(v[0] / v[1], 3), "rounds": int(v[1])}
+                           for b, v in sorted(k_by_batch.items(), key=lambda kv: int(kv[0].split("-")[0]))},
+            "first_errors": sorted({s.error or "" for s in samples if s.error})[:3], "first_wrong": first_wrong}
+
+
+def reference_answers(url: str, jobs: list[Job], needed: set[int], timeout: float) -> dict[int, list[int]]:
+    """Each needed job's answer alone (plain policy, one request at a time) through the server at `url`."""
+    client = StreamClient(url, timeout)
+    try:
+        out = {}
+        for i in sorted(needed):
+            s = client.run(i, jobs[i], PolicySpec("plain", "plain"))
+            if s.error:
+                raise ServeError(f"the single-stream answer of job {i} ({jobs[i].kind}) failed: {s.error}; check the "
+                                 "server log")
+            out[i] = s.ids
+        return out
+    finally:
+        client.close()
+
+
+def run_grid(urls: dict[str, str], specs: list[PolicySpec], levels: list[int], requests: int, jobs: list[Job],
+             timeout: float) -> dict[str, Any]:
+    """The references, then every (concurrency, policy) cell, level by level, policies in turn."""
+    needed = {i for c in levels for plan in cell_jobs(c, requests, len(jobs)) for i in plan}
+    log.info("reference: %d prompts alone through %s", len(needed), urls["main"])
+    refs = reference_answers(urls["main"], jobs, needed, timeout)
+    cells: list[dict[str, Any]] = []
+    for c in levels:
+        for spec in specs:
+            samples, wall = run_cell(urls[spec.server], jobs, spec, c, requests, timeout)
+            cell = dict(policy=spec.name, concurrency=c, **summarize_cell(samples, wall, refs, jobs))
+            log.info("c=%d %s: %.1f tok/s, TTFT p50 %s ms, ITL p50 %s ms, mean K %.2f, wrong %d, errors %d", c,
+                     spec.name, cell["tok_s"], cell["ttft_ms"]["p50"], cell["itl_ms"]["p50"], cell["mean_k"],
+                     cell["wrong"], cell["errors"])
+            cells.append(cell)
+    return {"cells": cells, "jobs": [{"kind": j.kind, "chars": len(j.prompt), "max_tokens": j.max_tokens}
+                                     for j in jobs],
+            "references": {str(i): v for i, v in refs.items()}}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--repo", type=Path, help="model repository (build/NAME/model_repo): start its servers here")
+    where.add_argument("--url", help="gRPC HOST:PORT of a running server (the survival+suffix row is then skipped "
+                                     "unless --hybrid-url names a server started with DSPARK_PROPOSERS=dspark,suffix)")
+    p.add_argument("--hybrid-url", default=None, help="with --url: the server for the survival+suffix row")
+    p.add_argument("--quick", action="store_true", help=f"a ~2-minute smoke grid: {QUICK} (flags given override)")
+    p.add_argument("--concurrency", type=int, nargs="+", default=None, help="client counts (default 1 2 4 8 16 32 64)")
+    p.add_argument("--policies", nargs="+", default=None, help=f"rows, of {' '.join(POLICY_NAMES)} (default all)")
+    p.add_argument("--requests-per-cell", type=int, default=None, help="requests per client per cell (default 4)")
+    p.add_argument("--max-tokens", type=int, default=None, help="max_tokens of every request (default 128)")
+    p.add_argument("--long-tokens", type=int, default=None,
+                   help="tokens of a long code context (default 1024, clipped to the build's room)")
+    p.add_argument("--threads", default=None, help="with --repo: the servers' DSPARK_THREADS (default: auto)")
+    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--out", type=Path, default=None, help="results folder (default runs/bench_serving/<UTC stamp>)")
+    p.add_argument("--no-plot", action="store_true", help="skip grid.png (no matplotlib needed)")
+    args = p.parse_args(argv)
+    defaults = QUICK if args.quick else {"concurrency": [1, 2, 4, 8, 16, 32, 64], "policies": list(POLICY_NAMES),
+                                         "requests_per_cell": 4, "max_tokens": 128, "long_tokens": 1024}
+    for k, v in defaults.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if any(c < 1 or c > 256 for c in args.concurrency) or args.requests_per_cell < 1 or args.max_tokens < 1:
+        raise InvalidArgumentError("need 1 ≤ --concurrency ≤ 256, --requests-per-cell ≥ 1 and --max-tokens ≥ 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from dspark_trt.runtime.hf_loader import load_tokenizer  # noqa: PLC0415
+    from dspark_trt.serve.server import TritonServer  # noqa: PLC0415
+
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    load_before = os.getloadavg()
+    t_start = time.monotonic()
+    servers: list[Any] = []
+    urls: dict[str, str] = {}
+    names = list(args.policies)
+    notes: list[str] = []
+    try:
+        if args.repo is not None:
+            env = dict(os.environ, **({"DSPARK_THREADS": str(args.threads)} if args.threads else {}))
+            servers.append(TritonServer(args.repo, env=env).start())
+            urls["main"] = servers[0].grpc_url
+            if HYBRID in names:
+                servers.append(TritonServer(args.repo, env=dict(env, DSPARK_PROPOSERS="dspark,suffix")).start())
+                urls["hybrid"] = servers[-1].grpc_url
+        else:
+            urls["main"] = args.url
+            if args.hybrid_url:
+                urls["hybrid"] = args.hybrid_url
+            elif HYBRID in names:
+                names.remove(HYBRID)
+                notes.append(f"{HYBRID} skipped: --url without --hybrid-url (proposers are a server setting: start "
+                             "one with DSPARK_PROPOSERS=dspark,suffix)")
+        cfg = serve_config(urls["main"])
+        specs = policy_specs(names, cfg.gamma, cfg.min_k)
+        jobs = make_jobs(load_tokenizer(cfg.build / "tokenizer"), cfg.room, args.max_tokens, args.long_tokens)
+        log.info("grid: concurrency %s × %s, %d request(s)/client/cell, max_tokens %d, γ %d, %d KV slots",
+                 args.concurrency, [s.name for s in specs], args.requests_per_cell, args.max_tokens, cfg.gamma,
+                 cfg.max_batch)
+        result = run_grid(urls, specs, args.concurrency, args.requests_per_cell, jobs, args.request_timeout)
+    finally:
+        for srv in servers:
+            srv.stop()
+    result["setup"] = {"repo": str(args.repo or args.url), "gamma": cfg.gamma, "kv_slots": cfg.max_batch,
+                       "max_seq_len": cfg.max_seq_len, "max_queue": cfg.max_queue, "threads": args.threads or "auto",
+                       "requests_per_cell": args.requests_per_cell, "max_tokens": args.max_tokens,
+                       "long_tokens": args.long_tokens, "concurrency": args.concurrency,
+                       "policies": [asdict(s) for s in specs], "quick": args.quick,
+                       "load_before": [round(x, 2) for x in load_before],
+                       "load_after": [round(x, 2) for x in os.getloadavg()],
+                       "wall_s": round(time.monotonic() - t_start, 1), "notes": notes}
+    out = args.out or Path("runs/bench_serving") / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    text = write_outputs(result, out, plot_png=not args.no_plot)
+    sys.stdout.write(text)
+    bad = sum(c["wrong"] + c["errors"] for c in result["cells"])
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

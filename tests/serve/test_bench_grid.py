@@ -1,0 +1,124 @@
+"""scripts/bench_serving_grid.py (the policy × concurrency grid under load, issue #23): a small grid through the real
+tritonserver on the tiny build (mixed chat + long code prompts; every cell's answers equal their single-stream
+answers, K per round paired with the round's batch size, the report and plot written), the mismatch check on its
+own, and the server-wide proposers (DSPARK_PROPOSERS) the survival+suffix row runs on, through the worker."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from dspark_trt.errors import InvalidArgumentError
+from dspark_trt.serve.metrics import ServeMetrics
+from dspark_trt.serve.validate import GenerationParams
+from dspark_trt.serve.worker import PROPOSERS_ENV, InflightBatcher, Job, proposers_from_env, serving_backend, \
+    to_loop_request
+from dspark_trt.spec_decode.loop import LoopConfig, RoundScheduler
+
+from .conftest import GAMMA, MAX_SEQ_LEN
+from .test_worker import Sink
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+import bench_serving_grid as grid  # noqa: E402
+import serving_grid_report as report  # noqa: E402
+
+
+def _jobs(reference, max_tokens: int) -> list:  # noqa: ANN001
+    return grid.make_jobs(reference.pair.tokenizer, room=MAX_SEQ_LEN - GAMMA - 1, max_tokens=max_tokens,
+                          long_tokens=120)
+
+
+def test_policy_rows_and_job_mix(reference) -> None:  # noqa: ANN001
+    specs = {s.name: s for s in grid.policy_specs(grid.POLICY_NAMES, gamma=GAMMA, min_k=2)}
+    assert (specs["fixed3"].policy, specs["fixed3"].max_k, specs["fixedg"].max_k) == ("fixed", 3, GAMMA)
+    assert specs["survival+suffix"].server == "hybrid" and specs["plain"].server == "main"
+    with pytest.raises(InvalidArgumentError, match="unknown"):
+        grid.policy_specs(["fixed9"], GAMMA, 2)
+    jobs = _jobs(reference, 16)
+    kinds = [j.kind for j in jobs]
+    assert kinds[:3] == ["chat", "code", "chat"] and kinds.count("code") == 4
+    longest = max(len(reference.ids(j.prompt)) for j in jobs if j.kind == "code")
+    assert 60 <= longest <= MAX_SEQ_LEN - GAMMA - 1 - 16  # long, and still room for the answer
+    for c in (1, 3):  # every level mixes short chat and long code prompts
+        plan = grid.cell_jobs(c, 2, len(jobs))
+        assert {jobs[i].kind for p in plan for i in p} == {"chat", "code"}
+
+
+def test_mismatch_and_error_are_reported() -> None:
+    jobs = [grid.Job("chat", "a", True, 4), grid.Job("code", "b", False, 4)]
+    refs = {0: [1, 2, 3], 1: [4, 5, 6]}
+    good = grid.Sample(0, ids=[1, 2, 3], t_send=0.0, t_first=0.01, gaps=[0.002, 0.004],
+                       stats={"k_per_round": [2, 3], "batch_per_round": [1, 2], "tau": 1.5})
+    wrong = grid.Sample(1, ids=[4, 9, 6], t_send=0.0, t_first=0.02, gaps=[0.003],
+                        stats={"k_per_round": [1], "batch_per_round": [2]})
+    cell = grid.summarize_cell([good, wrong, grid.Sample(1, error="boom")], 2.0, refs, jobs)
+    assert (cell["ok"], cell["wrong"], cell["errors"], cell["tokens"]) == (1, 1, 1, 6)
+    assert cell["first_wrong"] == [{"job": 1, "kind": "code", "first_difference_at": 1, "got": 3, "want": 3}]
+    assert cell["k_by_batch"] == {"1": {"mean_k": 2.0, "rounds": 1}, "2-3": {"mean_k": 2.0, "rounds": 2}}
+    assert cell["ttft_ms"] == {"p50": 10.0, "p99": 20.0} and cell["itl_ms"]["p50"] == 3.0
+    text = report.markdown({"setup": _setup(), "jobs": [{"kind": "chat"}, {"kind": "code"}], "machine": "m",
+                            "commit": "c", "cells": [dict(policy="plain", concurrency=1, **cell)]})
+    assert "FAIL: every answer under load equals its single-stream answer (1 equal, 1 different, 1 errors)" in text
+    assert "mismatch: plain c=1: job 1 (code) differs from its single-stream answer at token 1" in text
+
+
+def _setup() -> dict:
+    return {"repo": "r", "gamma": GAMMA, "kv_slots": 16, "max_seq_len": MAX_SEQ_LEN, "max_queue": 64,
+            "threads": "auto", "requests_per_cell": 1, "max_tokens": 12, "long_tokens": 120, "load_before": [0, 0, 0],
+            "load_after": [0, 0, 0], "wall_s": 1.0}
+
+
+@pytest.mark.triton
+def test_small_grid_through_triton(server, reference, tmp_path: Path) -> None:  # noqa: ANN001
+    jobs = _jobs(reference, 12)
+    specs = grid.policy_specs(["plain", "fixed3", "survival"], gamma=GAMMA, min_k=1)
+    result = grid.run_grid({"main": server.grpc_url}, specs, [1, 3], 1, jobs, timeout=300.0)
+    cells = {(c["policy"], c["concurrency"]): c for c in result["cells"]}
+    assert len(cells) == 6
+    for key, c in cells.items():
+        assert c["errors"] == 0 and c["wrong"] == 0 and c["ok"] == key[1], (key, c["first_errors"], c["first_wrong"])
+        assert c["tokens"] > 0 and c["ttft_ms"]["p50"] is not None and c["rounds"] > 0
+        assert sum(b["rounds"] for b in c["k_by_batch"].values()) == c["rounds"]  # every round has its batch size
+    assert all(cells[("plain", c)]["mean_k"] == 0 for c in (1, 3))
+    assert all(0 < cells[("fixed3", c)]["mean_k"] <= 3 for c in (1, 3))
+    # the references are the server's own answers alone, and equal in-process plain generation
+    code = [i for i in map(int, result["references"]) if not jobs[i].chat]
+    assert code and all(result["references"][str(i)] == reference(jobs[i].prompt, 12) for i in code)
+    result["setup"] = _setup()
+    text = report.write_outputs(result, tmp_path)
+    assert "PASS: every answer under load equals its single-stream answer (12 equal, 0 different, 0 errors)" in text
+    assert (tmp_path / "grid.png").read_bytes()[:4] == b"\x89PNG" and (tmp_path / "grid.json").is_file()
+
+
+def test_server_proposers_reach_every_request(reference, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    monkeypatch.setenv(PROPOSERS_ENV, "suffix,dspark")
+    assert proposers_from_env() == ("dspark", "suffix")
+    monkeypatch.setenv(PROPOSERS_ENV, "ngram")
+    with pytest.raises(InvalidArgumentError, match=PROPOSERS_ENV):
+        proposers_from_env()
+    monkeypatch.delenv(PROPOSERS_ENV)
+    assert proposers_from_env() == ("dspark",)
+    params = GenerationParams(max_tokens=24, stream=True, policy="survival", min_k=1, max_k=GAMMA, return_stats=True)
+    req = to_loop_request((1, 2, 3), params, (), ("dspark", "suffix"))
+    assert req.policy.proposers == ("dspark", "suffix")
+
+    from dspark_trt.runtime.backend import SpecBackend
+
+    metrics = ServeMetrics(None, gamma=GAMMA)
+    backend = serving_backend(SpecBackend(reference.pair.target, reference.pair.drafter, max_batch=2,
+                                          max_seq=MAX_SEQ_LEN), metrics)
+    batcher = InflightBatcher(RoundScheduler(backend, LoopConfig(gamma=GAMMA)), metrics, 64,
+                              proposers=("dspark", "suffix")).start()
+    prompt = "ab ab ab ab ab ab ab ab"  # repeats: the suffix match proposes
+    sinks = [Sink(), Sink()]
+    for s in sinks:
+        batcher.submit(Job(tuple(reference.ids(prompt)), params, s, reference.eos))
+    for s in sinks:
+        assert s.done.wait(300)
+    batcher.stop()
+    for s in sinks:
+        assert s.err is None and s.ids == reference(prompt, 24)
+        assert len(s.stats["batch_per_round"]) == len(s.stats["k_per_round"]) > 0
+    assert any("suffix" in s.stats["proposers"] for s in sinks)
