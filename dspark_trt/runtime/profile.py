@@ -1,9 +1,10 @@
 """Measured round costs for the survival K policy: target step seconds by tokens in one pass, and the
 drafter's pass seconds, on the backend that will serve (same model, dtype, threads).
 
-Owns `profile_costs(backend, ...)` → spec_decode.scheduler.CostTable (target step by batch tokens and a
-linear drafter cost by drafted rows). Runs on slots it frees again, before the backend serves requests.
-Knows nothing about policies beyond building the table.
+Owns `profile_costs(backend, ...)` → spec_decode.costs.CostTable (target step by tokens in one pass: every count
+1..γ+1, then sparse counts up to `pass_tokens` — what a saturated batch's verify (rows × (1 + K)) and a prefill
+sharing the pass cost, where the step turns compute-bound — and a linear drafter cost by drafted rows). Runs on
+slots it frees again, before the backend serves requests. Knows nothing about policies beyond building the table.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Sequence
 import torch
 
 from dspark_trt.spec_decode.protocols import SamplingParams
-from dspark_trt.spec_decode.scheduler import CostTable
+from dspark_trt.spec_decode.costs import CostTable
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +43,15 @@ def _after_target_pass(backend, slots: list[int]) -> None:  # noqa: ANN001 - a S
     backend.drafter.extend_context(s, toks, torch.ones(len(slots), dtype=torch.long), out.hidden)
 
 
+PASS_POINTS = (16, 32, 64, 128, 256, 512)  # token counts profiled past γ + 1 (up to pass_tokens and the cache room)
+
+
 def profile_costs(backend, max_tokens: int, context: int = 64, reps: int = 5, gamma: int | None = None,  # noqa: ANN001
-                  draft_rows: Sequence[int] = (1, 2)) -> CostTable:
-    """Fastest-of-reps seconds of one target pass over n = 1..max_tokens tokens (batch 1, `context` tokens cached,
-    taps included) and of one drafter pass of γ tokens over 1 and 2 rows as a round pays it (after a target pass,
+                  draft_rows: Sequence[int] = (1, 2), pass_tokens: int = 256) -> CostTable:
+    """Fastest-of-reps seconds of one target pass over n = 1..max_tokens tokens and over the PASS_POINTS up to
+    `pass_tokens` (fastest of min(reps, 2)) — batch 1, `context` tokens cached, taps and every position's logits
+    included (a verify pass; a fused prefill chunk needs only its last logits, so its price is a slight
+    overestimate) — and of one drafter pass of γ tokens over 1 and 2 rows as a round pays it (after a target pass,
     with a committed token to project; → draft_t0 + draft_t1·rows); the step column never falls with more tokens
     (timer noise is clipped). `backend` is a runtime.backend.SpecBackend."""
     vocab = int(backend.vocab_size)
@@ -58,16 +64,18 @@ def profile_costs(backend, max_tokens: int, context: int = 64, reps: int = 5, ga
     slot0 = torch.tensor([0])
     start = cache.lengths[slot0].clone()  # [1]
     greedy = SamplingParams()
+    room = int(backend.max_seq) - ctx - 2
+    counts = list(range(1, max_tokens + 1)) + [n for n in PASS_POINTS if max_tokens < n <= min(pass_tokens, room)]
     secs: list[float] = []
     with torch.inference_mode():
-        for n in range(1, max_tokens + 1):
+        for n in counts:
             toks = torch.tensor([[(101 + 7 * j) % vocab for j in range(n)]])  # [1, n]: anchor + n-1 draft tokens
 
             def one_pass() -> None:  # the verify pass (taps included), then back to the same context
                 target(toks, cache, slot0, taps=backend.taps, logits="all")
                 cache.truncate(slot0, start)
 
-            secs.append(_fastest(one_pass, reps))
+            secs.append(_fastest(one_pass, reps if n <= max_tokens else min(reps, 2)))
         d0 = d1 = 0.0
         drafter = getattr(backend, "drafter", None)
         g = gamma or int(getattr(drafter, "gamma", 0) or 0)
@@ -87,7 +95,7 @@ def profile_costs(backend, max_tokens: int, context: int = 64, reps: int = 5, ga
         backend.release(slot)
     for i in range(1, len(secs)):
         secs[i] = max(secs[i], secs[i - 1] * 1.0001)
-    table = CostTable(tuple(range(1, max_tokens + 1)), tuple(secs), draft_t0=d0, draft_t1=d1)
+    table = CostTable(tuple(counts), tuple(secs), draft_t0=d0, draft_t1=d1)
     log.info("cost table: step by tokens %s ms; drafter %.2f + %.2f·rows ms",
-             [round(s * 1e3, 2) for s in secs], d0 * 1e3, d1 * 1e3)
+             {n: round(s * 1e3, 2) for n, s in zip(counts, secs)}, d0 * 1e3, d1 * 1e3)
     return table

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from dspark_trt.errors import InvalidArgumentError
+from dspark_trt.spec_decode.costs import NO_PREFILL, RoundLoad
 from dspark_trt.spec_decode.executor import BackendExecutor
 from dspark_trt.spec_decode.limits import check_room, check_token_ids
 from dspark_trt.spec_decode.proposers import DSPARK, NONE, SUFFIX, assemble, skip_drafter
@@ -145,6 +146,9 @@ class RoundScheduler:
     between steps (serve.worker does under overload).
     gate: the survival gate's memory across requests (GateMemory); pass the same one to schedulers that serve
     one stream of requests (SpeculativeDecodingEngine does), default a fresh one.
+    Each round is priced with the prompt tokens its step admitted (spec_decode.costs.RoundLoad), fused into the
+    verify pass when the executor says so (an optional `fused_prefill` attribute, default False: both executors
+    today prefill in a pass of their own, which does not move K).
     suffix: the suffix proposer (spec_decode.suffix: its cross-request index of recent outputs and its learned
     confidences) for requests whose policy lists "suffix" in proposers; share one like `gate`; default: made on
     first use.
@@ -231,15 +235,16 @@ class RoundScheduler:
     def step(self) -> list[RoundEvent]:
         """Admit waiting requests (batched prefill), then run ONE speculative round for every active request."""
         events: dict[int, RoundEvent] = {}
-        self._admit(events)
-        if self._active:
-            self._round(events)
+        prefilled = self._admit(events)
+        if self._active:  # the survival rule prices the round with the prompts it admitted (spec_decode.costs)
+            self._round(events, RoundLoad(prefilled, bool(getattr(self.executor, "fused_prefill", False))))
         return list(events.values())
 
-    def _admit(self, events: dict[int, RoundEvent]) -> None:
+    def _admit(self, events: dict[int, RoundEvent]) -> int:
+        """Prefill as many waiting requests as there are free slots → the prompt tokens prefilled."""
         n = min(len(self._free), len(self._waiting))
         if n == 0:
-            return
+            return 0
         batch, self._waiting = self._waiting[:n], self._waiting[n:]
         acts = [_Active(rid, req, self._free.pop(0), PolicyState.initial(req.policy, self.gate))
                 for rid, req in batch]
@@ -254,6 +259,7 @@ class RoundScheduler:
             act.stats.committed_tokens += 1
             if self._emit(events, act, [tok]):
                 self._finish(act)
+        return sum(len(a.req.prompt_ids) for a in acts)
 
     def _caps(self, acts: list[_Active]) -> list[int]:
         """The most each request may verify: γ, its policy's ceiling, tokens left − 1, cache room (0 for all
@@ -285,7 +291,7 @@ class RoundScheduler:
         return [self.suffix.propose((self._key, a.rid), a.sequence, c) if w else None
                 for a, c, w in zip(acts, caps, want)]
 
-    def _round(self, events: dict[int, RoundEvent]) -> None:
+    def _round(self, events: dict[int, RoundEvent], load: RoundLoad = NO_PREFILL) -> None:
         acts = list(self._active.values())
         b = len(acts)
         cfgs, states = [a.req.policy for a in acts], [a.state for a in acts]
@@ -293,7 +299,7 @@ class RoundScheduler:
         caps = self._caps(acts)  # the most each row may verify, whoever proposes
         sfx = self._suffix_proposals(acts, caps)  # [B]: a dict probe per match order, no model pass
         dcaps = [c if cfg.uses(DSPARK) and self.executor.can_draft else 0 for c, cfg in zip(caps, cfgs)]
-        dcaps = plan_drafting(cfgs, states, dcaps, table, self.gate)  # survival rows the drafter cannot pay for
+        dcaps = plan_drafting(cfgs, states, dcaps, table, self.gate, load)  # survival rows the drafter cannot pay for
         dcaps = skip_drafter(dcaps, sfx, states, table)  # rows the suffix match serves at least as well: not drafted
         rows, drafted = self._draft(acts, dcaps)
         asked, proposed = [False] * b, [0] * b  # per row: drafting asked for, tokens drafted (0 asked: failed)
@@ -302,7 +308,7 @@ class RoundScheduler:
         block = drafted.block if drafted is not None else None
         plan = assemble(cfgs, states, [a.sampling for a in acts], caps, dcaps, rows, proposed, block, sfx,
                         self.executor.vocab_size, table)
-        ks = schedule_batch(cfgs, states, plan.avail, plan.conf, table)
+        ks = schedule_batch(cfgs, states, plan.avail, plan.conf, table, load=load)
         out = self.executor.verify(acts, plan.block(max(ks)), ks)  # tokens [B, K], q [B, K, V] | None
         self.batched_rounds += 1
         for i, act in enumerate(acts):

@@ -1,7 +1,8 @@
 """K policies: how many draft tokens each request verifies in the next round (0 ≤ K ≤ γ).
 
 Owns the policy configs (frozen dataclasses), per-request policy state, the confidence heuristic, the
-batch-aware survival/cost policy (DSpark paper Algorithm 1) with its cost table, and `schedule_batch`,
+batch-aware survival/cost policy (DSpark paper Algorithm 1) over the cost table (spec_decode.costs: CostTable, the
+round's prefill RoundLoad; re-exported here), and `schedule_batch`,
 which combines them with the draft-side early stop for one round. Every policy is lossless: it only chooses
 how much to verify. Pure Python/torch; knows nothing of models, caches or serving.
 
@@ -23,10 +24,7 @@ Policies:
 """
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -34,9 +32,10 @@ import torch
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.confidence import (ConfidenceWeights, confidence_score, early_stop_k, ema_update,
                                                fallback_survival, round_signals, survival)
+from dspark_trt.spec_decode.costs import NO_PREFILL, CostTable, RoundLoad
 from dspark_trt.spec_decode.policies import POLICIES, PROPOSERS, canonical_policy, parse_proposers
 
-__all__ = ["POLICIES", "PROPOSERS", "PolicyConfig", "PolicyState", "GateMemory", "CostTable", "plan_survival", "plan_drafting",
+__all__ = ["POLICIES", "PROPOSERS", "PolicyConfig", "PolicyState", "GateMemory", "CostTable", "RoundLoad", "plan_survival", "plan_drafting",
            "drafting_gain", "extended_survival", "observe_survival", "schedule_batch", "confidence_next_k", "verify_cap"]
 
 
@@ -178,98 +177,39 @@ def observe(cfg: PolicyConfig, state: PolicyState, k: int, accepted: int,
     return conf
 
 
-@dataclass(frozen=True)
-class CostTable:
-    """Target step time by batch token count (Σ_r(1 + K_r)); SPS(n) = 1 / seconds(n).
-
-    Piecewise linear between the profiled points, linear extrapolation past the last one (constant before
-    the first). Load a profiled table from JSON: {"tokens": [1, 2, 4, ...], "seconds": [...]} or a linear model
-    {"t0": s, "t1": s_per_token}."""
-
-    tokens: tuple[int, ...]
-    seconds: tuple[float, ...]
-    draft_t0: float = 0.0  # drafter pass seconds = draft_t0 + draft_t1 · drafted rows (0 rows: nothing)
-    draft_t1: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.draft_t0 < 0 or self.draft_t1 < 0 or not math.isfinite(self.draft_t0 + self.draft_t1):
-            raise InvalidArgumentError("cost table 'draft' costs (t0, t1) must be finite and ≥ 0")
-        if len(self.tokens) != len(self.seconds) or not self.tokens:
-            raise InvalidArgumentError("cost table needs equally long, non-empty 'tokens' and 'seconds' lists")
-        if any(b <= a for a, b in zip(self.tokens, self.tokens[1:])):
-            raise InvalidArgumentError(f"cost table 'tokens' must be strictly increasing, got {self.tokens}")
-        if any(s <= 0 or not math.isfinite(s) for s in self.seconds):
-            raise InvalidArgumentError("cost table 'seconds' must be positive and finite")
-
-    @classmethod
-    def linear(cls, t0: float = 1.0, t1: float = 0.08, max_tokens: int = 1024, draft_t0: float = 0.2,
-               draft_t1: float = 0.02) -> "CostTable":
-        """Default model: one target step over n tokens costs t0 + t1·n (relative units; only ratios matter).
-        t1/t0 = 0.08 is memory-bound decoding: verifying 8 extra tokens costs ~1.6× a plain step; a drafter pass
-        costs about 0.2 of a step. Profiled tables (runtime.profile.profile_costs) replace these guesses."""
-        return cls((1, max_tokens), (t0 + t1, t0 + t1 * max_tokens), draft_t0, draft_t1)
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> "CostTable":
-        try:
-            data = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise InvalidArgumentError(f"cannot read cost table {path}: {exc}; pass a JSON file with "
-                                       f'{{"tokens": [...], "seconds": [...]}} or {{"t0": .., "t1": ..}}') from exc
-        draft = data.get("draft", {})
-        d0, d1 = float(draft.get("t0", 0.0)), float(draft.get("t1", 0.0))
-        if "t0" in data:
-            return cls.linear(float(data["t0"]), float(data["t1"]), int(data.get("max_tokens", 1024)), d0, d1)
-        return cls(tuple(int(t) for t in data["tokens"]), tuple(float(s) for s in data["seconds"]), d0, d1)
-
-    def to_json(self) -> dict[str, object]:
-        return {"tokens": list(self.tokens), "seconds": list(self.seconds),
-                "draft": {"t0": self.draft_t0, "t1": self.draft_t1}}
-
-    def draft_seconds(self, rows: int) -> float:
-        return self.draft_t0 + self.draft_t1 * rows if rows > 0 else 0.0
-
-    def step_seconds(self, n: int) -> float:
-        ts, ss = self.tokens, self.seconds
-        if n <= ts[0] or len(ts) == 1:
-            return ss[0] if n <= ts[0] else ss[0] * n / ts[0]
-        for i in range(1, len(ts)):
-            if n <= ts[i]:
-                break
-        lo, hi = i - 1, i  # interpolate (or extrapolate past the end with the last segment)
-        return ss[lo] + (ss[hi] - ss[lo]) * (n - ts[lo]) / (ts[hi] - ts[lo])
-
-    def sps(self, n: int) -> float:
-        return 1.0 / self.step_seconds(n)
-
-
 def plan_survival(a_rows: Sequence[torch.Tensor], fixed_tokens: int, table: CostTable,
-                  min_gain: float = 0.0, fixed_tau: float | None = None) -> list[int]:
+                  min_gain: float = 0.0, fixed_tau: float | None = None, load: RoundLoad = NO_PREFILL) -> list[int]:
     """Batch-aware K for the survival rows (DSpark Alg. 1).
 
     a_rows[r] [cap_r]: survival a_{r,1..cap_r} (non-increasing; cap_r = the most row r may verify).
     fixed_tokens: tokens of the other rows in the same verify batch (Σ(1 + K) of non-survival rows);
     fixed_tau: their expected committed tokens (default: fixed_tokens, i.e. every other token commits).
+    load: the prompt tokens this round admits (spec_decode.costs: a fused prefill prices each verify token at its
+    marginal cost after the prompt's tokens in the same pass; a separate one does not move K).
     Start at K_r = 0 (every row still verifies its anchor), then admit (r, j) pairs in descending a (ties: lower j,
-    then lower r) while Θ = (expected committed tokens)·SPS(batch tokens) does not drop by more than min_gain
-    (relative); stop at the first drop."""
+    then lower r) while Θ = (expected committed tokens) / (decode seconds) does not drop by more than min_gain
+    (relative); stop at the first drop. Decode seconds = step(n₀) for the anchors plus each admitted token's
+    marginal cost (costs.CostTable.marginal_seconds); without a fused prefill that is step(n), Θ = τ·SPS(n)."""
     n_rows = len(a_rows)
     ks = [0] * n_rows
     tokens = fixed_tokens + n_rows
     tau = float(n_rows) + (float(fixed_tokens) if fixed_tau is None else fixed_tau)
-    theta = tau * table.sps(max(tokens, 1))
+    seconds = table.step_seconds(max(tokens, 1))
+    theta = tau / seconds
     cand = [(-float(a[j]), j, r) for r, a in enumerate(a_rows) for j in range(len(a))]
     cand.sort()
     for neg_a, j, r in cand:
         if j != ks[r]:  # keep each row's K a prefix (a is non-increasing, so this only skips ties/noise)
             continue
-        new_theta = (tau - neg_a) * table.sps(tokens + 1)
+        new_seconds = (table.step_seconds(tokens + 1) if load.offset == 0
+                       else seconds + table.marginal_seconds(tokens, load))
+        new_theta = (tau - neg_a) / new_seconds
         if new_theta < theta * (1.0 + min_gain):
             break
         ks[r] += 1
         tokens += 1
         tau -= neg_a
-        theta = new_theta
+        theta, seconds = new_theta, new_seconds
     return ks
 
 
@@ -290,20 +230,24 @@ def _fold(est: list[float], k: int, accepted: int, w: float) -> None:
             est.append(hit)
 
 
-def drafting_gain(est: Sequence[float], cap: int, rows: int, table: CostTable) -> float:
+def drafting_gain(est: Sequence[float], cap: int, rows: int, table: CostTable,
+                  load: RoundLoad = NO_PREFILL) -> float:
     """Best relative throughput of drafting one more row of a `rows`-row round over leaving it plain:
-    max_K (rows + Σ_{j≤K} a_j) / (step(rows + K) + draft(1)) ÷ (rows / step(rows)), a = observed survival made
-    non-increasing, extended geometrically (the last observed ratio a_j / a_{j-1}, or a_1) to positions the
-    policy has not verified yet — else a drafter whose rounds chose small K could never show that larger K pays;
-    0 when nothing can be verified."""
+    max_K (rows + Σ_{j≤K} a_j) / (step(rows) + Σ_{i<K} marginal(rows + i) + draft(1)) ÷ (rows / step(rows))
+    (marginal: costs.CostTable.marginal_seconds under this round's `load`; without a fused prefill the verify term
+    is step(rows + K)), a = observed survival made non-increasing, extended geometrically (the last observed ratio
+    a_j / a_{j-1}, or a_1) to positions the policy has not verified yet — else a drafter whose rounds chose small K
+    could never show that larger K pays; 0 when nothing can be verified."""
     a = extended_survival(est, cap)
     if not a:
         return 0.0
     base = rows * table.sps(rows)
-    best, gained = 0.0, 0.0
+    best, gained, verify = 0.0, 0.0, table.step_seconds(rows)
     for K, aj in enumerate(a, start=1):
         gained += aj
-        rate = (rows + gained) / (table.step_seconds(rows + K) + table.draft_seconds(1))
+        verify = table.step_seconds(rows + K) if load.offset == 0 else verify + table.marginal_seconds(rows + K - 1,
+                                                                                                       load)
+        rate = (rows + gained) / (verify + table.draft_seconds(1))
         best = max(best, rate / base)
     return best
 
@@ -324,7 +268,7 @@ def extended_survival(est: Sequence[float], cap: int) -> list[float]:
 
 
 def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], caps: Sequence[int],
-                  table: CostTable, memory: GateMemory | None = None) -> list[int]:
+                  table: CostTable, memory: GateMemory | None = None, load: RoundLoad = NO_PREFILL) -> list[int]:
     """Draft caps for one round before the drafter runs: survival rows whose observed acceptance cannot pay for a
     drafter pass and its verify tokens get 0 (not drafted) for 1, 2, 4, … rounds (up to max_backoff), then one
     probe round drafts again whatever the estimate says (at most probe_k tokens after a closed spell: enough to see
@@ -344,7 +288,7 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
             st.probe = False
             if st.backoff > 1:  # a probe after a closed spell re-measures a_1..a_probe_k, at a short verify's cost
                 out[r] = min(out[r], cfg.probe_k)
-        elif drafting_gain(st.survival_est, out[r], rows, table) >= (
+        elif drafting_gain(st.survival_est, out[r], rows, table, load) >= (
                 1.0 - cfg.gate_hysteresis if st.backoff == 1 else 1.0 + cfg.gate_margin):
             st.backoff = 1  # open: stays open until drafting clearly loses (acceptance comes in bursts)
         else:
@@ -364,9 +308,10 @@ def schedule_batch(
     conf: torch.Tensor | None,  # [B, γ'] drafter confidences for the drafted rows (None: no head / not drafted)
     table: CostTable,
     fixed_other_tokens: int = 0,
+    load: RoundLoad = NO_PREFILL,  # the prompt tokens this round admits (spec_decode.costs)
 ) -> list[int]:
-    """K for every row of one round: policy K (survival rows jointly), capped by caps and the draft-side early
-    stop. Rows in the same order as conf."""
+    """K for every row of one round: policy K (survival rows jointly, priced under the round's prefill `load`),
+    capped by caps and the draft-side early stop. Rows in the same order as conf."""
     ks: list[int] = []
     surv_rows: list[int] = []
     surv_a: list[torch.Tensor] = []
@@ -389,6 +334,6 @@ def schedule_batch(
         for r in other_rows:  # expected committed tokens of the non-survival rows
             a = survival(conf[r, :ks[r]]) if conf is not None else fallback_survival(states[r].ema, ks[r])
             other_tau += 1.0 + float(a.sum())
-        for r, kr in zip(surv_rows, plan_survival(surv_a, others, table, fixed_tau=other_tau)):
+        for r, kr in zip(surv_rows, plan_survival(surv_a, others, table, fixed_tau=other_tau, load=load)):
             ks[r] = kr
     return ks

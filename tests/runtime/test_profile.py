@@ -1,0 +1,49 @@
+"""runtime.profile.profile_costs on the real tiny target + a DSpark drafter: every token count 1..γ+1 and the sparse
+pass sizes up to the cache room (what saturated batches and prefill sharing a pass cost), a step column that never
+falls, a drafter cost, and the backend's slots left free for serving."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dspark_trt.runtime.backend import SpecBackend
+from dspark_trt.runtime.hf_loader import load_hf_checkpoint
+from dspark_trt.runtime.profile import PASS_POINTS, profile_costs
+from dspark_trt.spec_decode.costs import CostTable, RoundLoad
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_pair) -> SpecBackend:  # noqa: ANN001
+    from dspark_trt.runtime.drafters import DSparkConfig, DSparkDrafter, DSparkModel
+
+    target = load_hf_checkpoint(tiny_pair.target, dtype=torch.float32)
+    c = target.config
+    cfg = DSparkConfig(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, vocab_size=c.vocab_size, target_layer_ids=(0, 1),
+                       num_target_layers=c.num_layers, mask_token_id=3, num_hidden_layers=1, block_size=4)
+    torch.manual_seed(0)
+    model = DSparkModel(cfg).float()
+    model.attach_target(target.embed_tokens.weight, target.lm_head_weight)
+    return SpecBackend(target, DSparkDrafter(model), max_batch=2, max_seq=256)
+
+
+def test_profile_covers_verify_and_pass_sizes(backend: SpecBackend, tmp_path: Path) -> None:
+    table = profile_costs(backend, 5, reps=1, pass_tokens=512)
+    room = 256 - 64 - 2  # max_seq − cached context − 2
+    assert table.tokens == (1, 2, 3, 4, 5) + tuple(n for n in PASS_POINTS if 5 < n <= room)
+    assert table.tokens[-1] == 128
+    assert all(b > a for a, b in zip(table.seconds, table.seconds[1:]))  # never falls (noise clipped)
+    assert table.draft_t0 + table.draft_t1 > 0
+    # a round that shares its pass with a 100-token prompt is priced from measured points, above the verify alone
+    assert table.round_seconds(8, RoundLoad(100, fused=True)) > table.round_seconds(8)
+    path = tmp_path / "cost_table.json"
+    path.write_text(json.dumps(table.to_json()))
+    assert CostTable.from_json(path) == table
+    assert int(backend.cache.lengths[:2].sum()) == 0  # the profile's slots are free again
+
+
+def test_pass_tokens_bounds_the_sparse_points(backend: SpecBackend) -> None:
+    assert profile_costs(backend, 5, reps=1, pass_tokens=32).tokens == (1, 2, 3, 4, 5, 16, 32)
