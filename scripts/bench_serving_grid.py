@@ -105,11 +105,21 @@ def policy_specs(names: Sequence[str], gamma: int, min_k: int) -> list[PolicySpe
     return [table[n] for n in names]
 
 
-def serve_config(url: str) -> Any:
-    """The `dspark` model's limits (serve.config.ServeConfig) read from the running server."""
-    import tritonclient.grpc as grpcclient  # noqa: PLC0415
-
+def serve_config(url: str | None = None, repo: Path | None = None) -> Any:
+    """The `dspark` model's limits (serve.config.ServeConfig) from the running server at `url`, or from the
+    repository's dspark/config.pbtxt."""
     from dspark_trt.serve.config import ServeConfig  # noqa: PLC0415
+
+    if repo is not None:
+        from google.protobuf import json_format, text_format  # noqa: PLC0415
+        from tritonclient.grpc import model_config_pb2  # noqa: PLC0415
+
+        path = Path(repo) / "dspark" / "config.pbtxt"
+        if not path.is_file():
+            raise ServeError(f"{path} is missing: pass the model repository written by `dspark-trt build`")
+        msg = text_format.Parse(path.read_text(), model_config_pb2.ModelConfig())
+        return ServeConfig.from_model_config(json_format.MessageToDict(msg, preserving_proto_field_name=True))
+    import tritonclient.grpc as grpcclient  # noqa: PLC0415
 
     client = grpcclient.InferenceServerClient(url)
     try:
@@ -117,6 +127,15 @@ def serve_config(url: str) -> Any:
     finally:
         client.close()
     return ServeConfig.from_model_config(dict(raw.get("config", raw)))
+
+
+def export_aiperf(path: Path, jobs: list[Job]) -> None:
+    """The mixed prompt set as an AIPerf single_turn dataset (one {"text": ...} per line; AIPerf's chat endpoint
+    sends every one as a user message, so the code contexts go through the chat template too)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"text": j.prompt}) + "\n" for j in jobs), encoding="utf-8")
+    log.info("wrote %d prompts (%d chat, %d code) to %s", len(jobs), sum(j.kind == "chat" for j in jobs),
+             sum(j.kind == "code" for j in jobs), path)
 
 
 def make_jobs(tokenizer: Any, room: int, max_tokens: int, long_tokens: int) -> list[Job]:
@@ -343,6 +362,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--out", type=Path, default=None, help="results folder (default runs/bench_serving/<UTC stamp>)")
     p.add_argument("--no-plot", action="store_true", help="skip grid.png (no matplotlib needed)")
+    p.add_argument("--export-aiperf", type=Path, default=None, metavar="JSONL",
+                   help="only write the mixed prompt set as an AIPerf single_turn dataset and exit (no server started)")
     args = p.parse_args(argv)
     defaults = QUICK if args.quick else {"concurrency": [1, 2, 4, 8, 16, 32, 64], "policies": list(POLICY_NAMES),
                                          "requests_per_cell": 4, "max_tokens": 128, "long_tokens": 1024}
@@ -360,6 +381,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.export_aiperf is not None:
+        cfg = serve_config(args.url, args.repo)
+        export_aiperf(args.export_aiperf, make_jobs(load_tokenizer(cfg.build / "tokenizer"), cfg.room,
+                                                    args.max_tokens, args.long_tokens))
+        return 0
     load_before = os.getloadavg()
     t_start = time.monotonic()
     servers: list[Any] = []

@@ -122,3 +122,12 @@ def test_server_proposers_reach_every_request(reference, monkeypatch: pytest.Mon
         assert s.err is None and s.ids == reference(prompt, 24)
         assert len(s.stats["batch_per_round"]) == len(s.stats["k_per_round"]) > 0
     assert any("suffix" in s.stats["proposers"] for s in sinks)
+
+
+def test_aiperf_dataset_export(tmp_path: Path) -> None:
+    import json
+
+    jobs = [grid.Job("chat", "Hi?", True, 8), grid.Job("code", 'def f():\n    return "x"\n', False, 8)]
+    grid.export_aiperf(tmp_path / "a" / "prompts.jsonl", jobs)
+    lines = (tmp_path / "a" / "prompts.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(x) for x in lines] == [{"text": "Hi?"}, {"text": 'def f():\n    return "x"\n'}]
