@@ -34,6 +34,8 @@ def add_frontend_arguments(parser: argparse.ArgumentParser, with_triton: bool = 
                         help="temperature when a request has none (default: %(default)s = greedy)")
     parser.add_argument("--request-timeout", type=float, default=d.request_timeout_s,
                         help="seconds one request may stream from Triton (default: %(default)s)")
+    parser.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, metavar="N",
+                        help="largest request body accepted; larger ones get HTTP 413 (default: %(default)s = 1 MiB)")
     parser.add_argument("--api-key", default=None, metavar="KEY",
                         help=f"require `Authorization: Bearer KEY` on every /v1/... request (401 otherwise; /health "
                              f"stays open); default: ${API_KEY_ENV} when set (safer than the flag, which `ps` shows "
@@ -51,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace, **overrides: object) -> OpenAIConfig:
     fields = dict(model_name=args.served_model_name, tokenizer_dir=args.tokenizer,
                   default_max_tokens=args.default_max_tokens, default_temperature=args.default_temperature,
-                  request_timeout_s=args.request_timeout, api_key=resolve_api_key(getattr(args, "api_key", None)))
+                  request_timeout_s=args.request_timeout, max_body_bytes=args.max_body_bytes,
+                  api_key=resolve_api_key(getattr(args, "api_key", None)))
     for name in ("triton_url", "repo", "host", "port", "log_level"):
         if hasattr(args, name):
             fields[name] = getattr(args, name)

@@ -5,13 +5,18 @@ their protocol: the Triton stubs (serve.triton, serve.gpu_host) to an INVALID_AR
 frontend (serve.openai) to HTTP 400 in OpenAI's error shape. The server keeps serving either way.
 
 Where each entry point asks (the edge of its process):
-- Triton `preprocessing` (both ensembles): `check_request_parameters`, `decode_text`, then serve.text.encode_prompt
-  → `check_prompt_tokens` (empty, over-long).
+- Triton `preprocessing` (both ensembles): `check_request_parameters`, `decode_text`, `check_stop_strings` (the
+  stop_words), then serve.text.encode_prompt → `check_prompt_tokens` (empty, over-long).
 - Triton `dspark` (ensembles, direct gRPC, the OpenAI frontend's backend): `prompt_ids` (input_ids: one prompt,
-  `check_prompt`) and `parse_generation` (the generation tensors → `check_generation`); the GPU-host `dspark`
-  runs the same code. `target` / `draft`: `check_prompt` per row.
-- The OpenAI frontend: `check_prompt` on the prompt it tokenized and `check_generation` on the body's values,
-  with its own field names (`OPENAI_NAMES`), before anything reaches Triton.
+  `check_prompt`), `check_stop_words_ids` + `check_stop_sequences` (stop_words_ids) and `parse_generation` (the
+  generation tensors → `check_generation`); the GPU-host `dspark` runs the same code. `target` / `draft`:
+  `check_prompt` per row.
+- The OpenAI frontend: `check_text` on every string it tokenizes, `check_prompt` on the prompt it tokenized,
+  `check_stop_strings` on `stop` and `check_generation` on the body's values, with its own field names
+  (`OPENAI_NAMES`), before anything reaches Triton.
+The request limits stated in docs/serving.md (the "Limits" table) are these constants and the build's ServeConfig:
+MAX_STOP_WORDS stop strings (OpenAI's 4) of at most MAX_STOP_CHARS characters each (MAX_STOP_TOKENS ids each as
+stop_words_ids), prompts of at most ServeConfig.max_prompt_tokens tokens, prompt + max_tokens ≤ ServeConfig.room.
 The limits themselves are spec_decode.limits' (request_room, check_room, check_token_ids — the checks the round
 loop's Request.check_fits asks too), the sampling rule spec_decode.sampling.check_sampling, the policy names
 spec_decode.policies'. Knows nothing of Triton or HTTP (plain values and numpy in, dataclasses out).
@@ -31,9 +36,10 @@ from dspark_trt.spec_decode.limits import check_room, check_token_ids  # torch-f
 from dspark_trt.spec_decode.policies import POLICIES, resolve_policy_alias  # torch-free
 from dspark_trt.spec_decode.sampling import check_sampling  # torch-free
 
-__all__ = ["CONTEXT_LENGTH_EXCEEDED", "GenerationParams", "KNOWN_INPUTS", "KNOWN_PARAMETERS", "OPENAI_NAMES",
-           "check_generation", "check_prompt", "check_prompt_tokens", "check_request_parameters", "decode_text",
-           "parse_generation", "prompt_ids", "request_key", "single"]
+__all__ = ["CONTEXT_LENGTH_EXCEEDED", "GenerationParams", "KNOWN_INPUTS", "KNOWN_PARAMETERS", "MAX_STOP_CHARS",
+           "MAX_STOP_TOKENS", "MAX_STOP_WORDS", "OPENAI_NAMES", "check_generation", "check_prompt", "check_prompt_tokens",
+           "check_request_parameters", "check_stop_sequences", "check_stop_strings", "check_stop_words_ids",
+           "check_text", "decode_text", "parse_generation", "prompt_ids", "request_key", "single"]
 
 # Inputs of the ensemble (tensorrtllm_backend names + ours); anything else is unknown.
 KNOWN_INPUTS = ("text_input", "max_tokens", "stream", "temperature", "top_p", "random_seed", "stop_words", "end_id",
@@ -44,6 +50,9 @@ KNOWN_INPUTS = ("text_input", "max_tokens", "stream", "temperature", "top_p", "r
 KNOWN_PARAMETERS = ("id",)
 
 CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # RequestError.code of a request too long for the build
+MAX_STOP_WORDS = 4  # stop strings per request (OpenAI's limit for `stop`; Triton's stop_words / stop_words_ids too)
+MAX_STOP_CHARS = 256  # characters per stop string
+MAX_STOP_TOKENS = 4 * MAX_STOP_CHARS  # ids per stop sequence (stop_words_ids): a UTF-8 character is ≤ 4 byte tokens
 # The OpenAI frontend's names for the fields check_generation knows by their Triton tensor names.
 OPENAI_NAMES: Mapping[str, str] = {"random_seed": "seed"}
 _ROOM_HINT = ", or rebuild with a larger --max-seq-len"
@@ -74,10 +83,22 @@ class GenerationParams:
     stop_sequences: tuple[tuple[int, ...], ...] = ()
 
 
+def check_text(text: str, what: str = "text_input", param: str | None = None) -> str:
+    """`text` unchanged if it is valid Unicode a tokenizer can take; RequestError naming the first lone surrogate
+    (JSON's "\\ud800" escapes decode to one; UTF-8 cannot encode it) otherwise."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise RequestError(f"{what} holds a lone surrogate (U+{ord(text[exc.start]):04X} at character {exc.start}), "
+                           "which is not valid Unicode; send valid UTF-8 text (in JSON, escape a character outside "
+                           "the BMP as a surrogate pair)", what if param is None else param) from exc
+    return text
+
+
 def decode_text(raw: object, what: str = "text_input") -> str:
-    """bytes/str → str; bad UTF-8 raises RequestError naming the byte offset."""
+    """bytes/str → str; bad UTF-8 (or a str with a lone surrogate) raises RequestError naming the offset."""
     if isinstance(raw, str):
-        return raw
+        return check_text(raw, what)
     if not isinstance(raw, (bytes, bytearray, np.bytes_)):
         raise RequestError(f"{what} must be a string (BYTES tensor), got {type(raw).__name__}", what)
     try:
@@ -96,6 +117,62 @@ def check_request_parameters(params_json: str | Mapping[str, object] | None) -> 
     if unknown:
         raise RequestError(f"unknown parameter(s) {', '.join(map(repr, unknown))}; known inputs are "
                            f"{', '.join(KNOWN_INPUTS)}", unknown[0])
+
+
+# ---- stop strings -------------------------------------------------------------------------------------------
+def check_stop_strings(stops: Sequence[str], param: str = "stop_words") -> tuple[str, ...]:
+    """Stop strings of one request: at most MAX_STOP_WORDS, each non-empty valid text of at most MAX_STOP_CHARS
+    characters. `param` names the field (OpenAI: "stop"; Triton: "stop_words")."""
+    stops = tuple(stops)
+    if len(stops) > MAX_STOP_WORDS:
+        raise RequestError(f"{param} takes at most {MAX_STOP_WORDS} strings, got {len(stops)}; send the "
+                           f"{MAX_STOP_WORDS} that matter (or cut the text on the client)", param)
+    for i, s in enumerate(stops):
+        if not s:
+            raise RequestError(f"{param} contains an empty string (#{i}); remove it", param)
+        if len(s) > MAX_STOP_CHARS:
+            raise RequestError(f"{param} #{i} is {len(s)} characters, more than the {MAX_STOP_CHARS} a stop string "
+                               "may have; send a shorter one", param)
+        check_text(s, f"{param} #{i}", param)
+    return stops
+
+
+def check_stop_words_ids(arr: np.ndarray | None) -> None:
+    """The `dspark` model's stop_words_ids tensor: tensorrtllm_backend's [2, N] layout (row 0 the concatenated ids,
+    row 1 the cumulative end offsets, then -1), with a leading batch dimension of 1 allowed; RequestError otherwise.
+    What it holds is checked by check_stop_sequences once unpacked (serve.text.unpack_stop_words)."""
+    if arr is None:
+        return
+    a = np.asarray(arr)
+    shape = tuple(a.shape)
+    if not (a.ndim == 2 and shape[0] == 2 or a.ndim == 3 and shape[:2] == (1, 2)):
+        raise RequestError(f"stop_words_ids must be [2, N] or [1, 2, N] (tensorrtllm_backend's layout: ids, then end "
+                           f"offsets), got shape {shape}", "stop_words_ids")
+    ends = [int(e) for e in a.reshape(2, -1)[1] if e >= 0]
+    n = a.shape[-1]
+    if any(b < e for e, b in zip(ends, ends[1:])) or any(e > n for e in ends):
+        raise RequestError(f"stop_words_ids row 1 must hold non-decreasing end offsets ≤ {n} (then -1), got "
+                           f"{ends[:8]}", "stop_words_ids")
+
+
+def check_stop_sequences(seqs: Sequence[Sequence[int]], cfg: ServeConfig,
+                         param: str = "stop_words_ids") -> tuple[tuple[int, ...], ...]:
+    """Stop sequences as token ids: at most MAX_STOP_WORDS of at most MAX_STOP_TOKENS ids, each id in the
+    vocabulary when the build's is known."""
+    out = tuple(tuple(int(t) for t in s) for s in seqs)
+    if len(out) > MAX_STOP_WORDS:
+        raise RequestError(f"{param} holds {len(out)} stop sequences, more than the {MAX_STOP_WORDS} a request may "
+                           "have; send fewer stop words", param)
+    for i, s in enumerate(out):
+        if len(s) > MAX_STOP_TOKENS:
+            raise RequestError(f"{param} sequence #{i} is {len(s)} ids, more than the {MAX_STOP_TOKENS} a stop "
+                               "sequence may have; send a shorter stop word", param)
+        if cfg.vocab_size is not None:
+            try:
+                check_token_ids(s, cfg.vocab_size, f"{param} sequence #{i}")
+            except InvalidArgumentError as exc:
+                raise RequestError(str(exc), param) from exc
+    return out
 
 
 # ---- the prompt ---------------------------------------------------------------------------------------------
@@ -144,7 +221,7 @@ def check_generation(prompt_len: int, cfg: ServeConfig, *, max_tokens: int | Non
                      names: Mapping[str, str] | None = None) -> GenerationParams:
     """One request's generation parameters against the build: max_tokens (required, ≥ 1, prompt + max_tokens within
     spec_decode.limits.request_room), temperature / top_p / seed (spec_decode.sampling.check_sampling), end_id,
-    policy, min_k / max_k. None = the build's default (cfg.policy, cfg.min_k, cfg.max_k; greedy). `names` maps the
+    policy, min_k / max_k, stop_sequences (check_stop_sequences). None = the build's default (cfg.policy, cfg.min_k, cfg.max_k; greedy). `names` maps the
     Triton tensor names used here (max_tokens, temperature, top_p, random_seed, end_id, policy, min_k, max_k) to the
     caller's own (OPENAI_NAMES), in the messages and in RequestError.param."""
     n = _names(names)
@@ -170,6 +247,7 @@ def check_generation(prompt_len: int, cfg: ServeConfig, *, max_tokens: int | Non
     if policy == "confidence" and min_k < 1:
         raise RequestError(f"{n['min_k']} must be ≥ 1 for the confidence policy, got {min_k}; use policy \"plain\" "
                            "for K = 0", n["min_k"])
+    stop_sequences = check_stop_sequences(stop_sequences, cfg)
     return GenerationParams(max_tokens=max_tokens, stream=stream, temperature=temperature, top_p=top_p, seed=seed,
                             end_id=end_id, policy=policy, min_k=min_k, max_k=max_k, return_stats=return_stats,
                             stop_sequences=stop_sequences)

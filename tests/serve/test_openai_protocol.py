@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from dspark_trt.serve.openai.protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError, StreamText,
-                                              finish_reason)
+from dspark_trt.errors import RequestError
+from dspark_trt.serve.openai.protocol import (UNSUPPORTED, ChatCompletionRequest, CompletionRequest, OpenAIError,
+                                              StreamText, finish_reason, http_error, validation_error)
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +38,55 @@ def test_unsupported_options_are_400(fields: dict, param: str) -> None:
     assert info.value.body()["error"]["type"] == "invalid_request_error"
 
 
+@pytest.mark.parametrize("fields,param,code", [
+    ({"n": 2}, "n", "unsupported_value"), ({"best_of": 2}, "best_of", "unsupported_value"),
+    ({"frequency_penalty": -1}, "frequency_penalty", "unsupported_parameter"),
+    ({"tools": [{"type": "function"}]}, "tools", "unsupported_parameter"),
+    ({"tool_choice": "required"}, "tool_choice", "unsupported_value"),
+    ({"response_format": {"type": "json_object"}}, "response_format", "unsupported_value"),
+    ({"modalities": ["text", "audio"]}, "modalities", "unsupported_value"),
+    ({"reasoning_effort": "low"}, "reasoning_effort", "unsupported_parameter"),
+    ({"logprobs": True}, "logprobs", "unsupported_parameter")])
+def test_known_unsupported_parameters_name_themselves(fields: dict, param: str, code: str) -> None:
+    with pytest.raises(OpenAIError) as info:
+        ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "q"}], **fields).check_supported()
+    assert (info.value.status, info.value.param, info.value.code) == (400, param, code)
+
+
+def test_neutral_values_and_unknown_fields_are_accepted() -> None:
+    neutral = {"n": 1, "best_of": 1, "presence_penalty": 0, "frequency_penalty": 0.0, "logit_bias": {},
+               "top_logprobs": 0, "echo": False, "suffix": "", "tools": [], "functions": [], "tool_choice": "none",
+               "function_call": "auto", "response_format": {"type": "text"}, "audio": None, "modalities": ["text"],
+               "reasoning_effort": None, "logprobs": None}
+    assert set(neutral) == set(UNSUPPORTED) | {"logprobs"}  # every known-unsupported parameter is covered here
+    extras = {"user": "u", "metadata": {"a": "b"}, "store": False, "service_tier": "auto", "no_such_field": [1]}
+    CompletionRequest(model="m", prompt="x", **neutral, **extras).check_supported()
+    ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "q"}], **{**neutral, "logprobs": False},
+                          **extras).check_supported()
+
+
+def test_lone_surrogates_in_texts_are_400() -> None:
+    with pytest.raises(RequestError, match="lone surrogate") as info:
+        CompletionRequest(model="m", prompt="a\ud800").one_prompt()
+    assert info.value.param == "prompt"
+    with pytest.raises(RequestError, match="lone surrogate") as info:
+        ChatCompletionRequest(model="m", messages=[{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]
+                              ).check_supported()
+    assert info.value.param == "messages"
+
+
+def test_framework_errors_in_openai_shape() -> None:
+    err = validation_error([{"type": "json_invalid", "loc": ("body", 7), "msg": "JSON decode error",
+                             "ctx": {"error": "Expecting value"}}])
+    assert err.status == 400 and err.param is None and "Expecting value at character 7" in err.message
+    err = validation_error([{"type": "int_parsing", "loc": ("body", "max_tokens"), "msg": "Input should be an int"}])
+    assert err.param == "max_tokens" and "max_tokens: Input should be an int" in err.message
+    assert http_error(404, "Not Found", "GET", "/v1/nope").message.startswith("Invalid URL (GET /v1/nope)")
+    assert http_error(405, "Method Not Allowed", "PUT", "/v1/models").status == 405
+    assert "Fix:" in http_error(400, "There was an error parsing the body", "POST", "/v1/completions").message
+    assert http_error(404, "x", "GET", "/" + "a" * 5000).message.count("a") < 300
+
+
 def test_chat_request_checks() -> None:
     ok = ChatCompletionRequest(model="m", messages=[{"role": "developer", "content": [{"type": "text", "text": "a"},
                                                                                       {"type": "text", "text": "b"}]},
@@ -60,8 +110,11 @@ def test_stop_strings_parsing() -> None:
     assert CompletionRequest(model="m", prompt="x", stop="ab").stop_strings() == ("ab",)
     assert CompletionRequest(model="m", prompt="x", stop=["a", "b"]).stop_strings() == ("a", "b")
     assert CompletionRequest(model="m", prompt="x").stop_strings() == ()
-    with pytest.raises(OpenAIError):
+    with pytest.raises(RequestError) as info:  # serve.validate.check_stop_strings: the app answers it as a 400
         CompletionRequest(model="m", prompt="x", stop=["a", ""]).stop_strings()
+    assert info.value.param == "stop"
+    with pytest.raises(RequestError, match="at most 4 strings"):
+        CompletionRequest(model="m", prompt="x", stop=["a", "b", "c", "d", "e"]).stop_strings()
 
 
 def _feed_all(tokenizer, ids: list[int], stops: tuple[str, ...], step: int) -> tuple[str, StreamText]:  # noqa: ANN001

@@ -1,5 +1,6 @@
-"""Pure pieces of the served pipeline (no server): request validation, stop-word packing, incremental
-detokenization (streamed deltas concatenate to the full text, multi-byte characters included)."""
+"""Pure pieces of the served pipeline (no server): request validation (limits on stop strings and stop-word ids,
+valid Unicode), stop-word packing, incremental detokenization (streamed deltas concatenate to the full text,
+multi-byte characters included)."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +10,9 @@ from dspark_trt.errors import RequestError
 from dspark_trt.serve.config import ServeConfig
 from dspark_trt.serve.text import (CONTEXT_TOKENS, delta_text, encode_prompt, encode_stop_words, pack_stop_words,
                                    unpack_stop_words)
-from dspark_trt.serve.validate import check_request_parameters, decode_text, parse_generation
+from dspark_trt.serve.validate import (MAX_STOP_CHARS, MAX_STOP_TOKENS, MAX_STOP_WORDS, check_request_parameters,
+                                       check_stop_sequences, check_stop_strings, check_stop_words_ids, check_text,
+                                       decode_text, parse_generation)
 
 LIMITS = ServeConfig(max_seq_len=64, max_batch=4, gamma=4, vocab_size=512, policy="confidence", min_k=1, max_k=4,
                      max_queue=8)
@@ -102,3 +105,44 @@ def test_seed_is_an_alias_of_the_confidence_policy() -> None:
     assert parse_generation(_inp(max_tokens=10), 5, old_build).policy == "confidence"  # POLICY "seed" in config.pbtxt
     with pytest.raises(RequestError, match="confidence policy"):
         parse_generation(_inp(max_tokens=4, policy=b"seed", min_k=0), 5, LIMITS)
+
+
+def test_text_must_be_valid_unicode() -> None:
+    assert check_text("héllo 🚀", "prompt") == "héllo 🚀"
+    with pytest.raises(RequestError, match=r"lone surrogate \(U\+D800 at character 2\)") as info:
+        check_text("ab\ud800c", "message content", "messages")
+    assert info.value.param == "messages"
+    with pytest.raises(RequestError, match="lone surrogate"):
+        decode_text("x\udfff", "text_input")
+
+
+def test_stop_string_limits() -> None:
+    assert check_stop_strings(["a", "b" * MAX_STOP_CHARS], "stop") == ("a", "b" * MAX_STOP_CHARS)
+    for stops, needle in ((["a"] * (MAX_STOP_WORDS + 1), f"at most {MAX_STOP_WORDS} strings"),
+                          (["a", ""], "empty string"), (["x" * (MAX_STOP_CHARS + 1)], f"more than the {MAX_STOP_CHARS}"),
+                          (["\ud83d"], "lone surrogate")):
+        with pytest.raises(RequestError, match=needle) as info:
+            check_stop_strings(stops, "stop")
+        assert info.value.param == "stop"
+
+
+def test_stop_words_ids_layout_and_limits() -> None:
+    seqs = [[1, 2], [3]]
+    packed = pack_stop_words(seqs)[None]  # [1, 2, N]
+    check_stop_words_ids(packed)
+    check_stop_words_ids(packed[0])  # [2, N]
+    check_stop_words_ids(None)
+    for bad in (np.zeros((3,), np.int32), np.zeros((2, 2, 3), np.int32), np.array([[1, 2], [2, 1]], np.int32),
+                np.array([[1, 2], [5, -1]], np.int32)):
+        with pytest.raises(RequestError, match="stop_words_ids") as info:
+            check_stop_words_ids(bad)
+        assert info.value.param == "stop_words_ids"
+    assert check_stop_sequences(unpack_stop_words(packed), LIMITS) == ((1, 2), (3,))
+    with pytest.raises(RequestError, match=f"more than the {MAX_STOP_WORDS}"):
+        check_stop_sequences([[1]] * (MAX_STOP_WORDS + 1), LIMITS)
+    with pytest.raises(RequestError, match=f"more than the {MAX_STOP_TOKENS}"):
+        check_stop_sequences([[1] * (MAX_STOP_TOKENS + 1)], LIMITS)
+    with pytest.raises(RequestError, match="outside the vocabulary"):
+        check_stop_sequences([[1, 512]], LIMITS)
+    with pytest.raises(RequestError, match="outside the vocabulary"):  # the dspark model's own path
+        parse_generation(_inp(max_tokens=4), 5, LIMITS, stop_sequences=((600,),))

@@ -29,10 +29,12 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import FastAPI, Request
+from jinja2 import TemplateError
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from openai.types import Completion, CompletionUsage, Model
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import StreamingResponse
 
 from dspark_trt.errors import DsparkError, RequestError, ServeError
@@ -41,8 +43,9 @@ from dspark_trt.serve.clients.client import GenerationRequest
 from dspark_trt.serve.config import ServeConfig
 from dspark_trt.serve.openai.auth import APIKeyMiddleware
 from dspark_trt.serve.openai.config import OpenAIConfig
+from dspark_trt.serve.openai.limits import BodyLimitMiddleware
 from dspark_trt.serve.openai.protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError, StreamText,
-                                              bad, error_body, finish_reason)
+                                              bad, finish_reason, http_error, validation_error)
 from dspark_trt.serve.validate import OPENAI_NAMES, check_generation, check_prompt
 
 log = logging.getLogger(__name__)
@@ -163,7 +166,11 @@ class Frontend:
             raise bad("this model's tokenizer has no chat template; use /v1/completions with a formatted prompt",
                       "messages")
         msgs = [m.as_template_message() for m in body.messages]
-        ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        try:
+            ids = self.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+        except (TemplateError, ValueError) as exc:  # the template's own raise_exception (roles must alternate, ...)
+            raise bad(f"the model's chat template rejected these messages ({exc}); send the roles it accepts, or "
+                      "use /v1/completions with a formatted prompt", "messages") from exc
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
         return [int(t) for t in ids]
@@ -310,8 +317,9 @@ def app_for(config: OpenAIConfig, model: tuple[ModelInfo, Any] | None = None) ->
         await client.close()
 
     app = FastAPI(title="dspark_trt OpenAI-compatible API", lifespan=lifespan)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)  # 413 before the JSON is parsed
     if config.api_key is not None:  # /v1/... needs `Authorization: Bearer <key>`; /health stays open
-        app.add_middleware(APIKeyMiddleware, api_key=config.api_key)
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key)  # added last = outermost: 401 first
 
     @app.exception_handler(OpenAIError)
     async def on_openai_error(request: Request, exc: OpenAIError) -> Any:
@@ -324,11 +332,12 @@ def app_for(config: OpenAIConfig, model: tuple[ModelInfo, Any] | None = None) ->
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError) -> Any:
-        errs = exc.errors()
-        loc = [str(x) for x in (errs[0].get("loc", ()) if errs else ()) if x != "body"]
-        msg = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body') or 'body'}: {e.get('msg')}"
-                        for e in errs[:5])
-        return _json(error_body(f"invalid request: {msg}", param=loc[0] if loc else None), 400)
+        return _json(validation_error(exc.errors()).body(), 400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(request: Request, exc: StarletteHTTPException) -> Any:  # 404 / 405 / unparsable body
+        err = http_error(exc.status_code, str(exc.detail), request.method, request.url.path)
+        return _json(err.body(), err.status)
 
     @app.get("/health")
     async def health() -> Any:

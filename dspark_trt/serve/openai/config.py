@@ -14,9 +14,11 @@ from typing import Mapping
 
 from dspark_trt.errors import InvalidArgumentError
 
-__all__ = ["API_KEY_ENV", "OpenAIConfig", "check_api_key_format", "resolve_api_key"]
+__all__ = ["API_KEY_ENV", "DEFAULT_MAX_BODY_BYTES", "OpenAIConfig", "check_api_key_format", "resolve_api_key"]
 
 API_KEY_ENV = "DSPARK_API_KEY"  # the API key when --api-key is not given
+DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB (serve.openai.limits: larger bodies get HTTP 413)
+MIN_BODY_BYTES = 1024  # the smallest --max-body-bytes
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,7 @@ class OpenAIConfig:
     default_max_tokens: int = 16  # /v1/completions without max_tokens (OpenAI's default); chat: the room left
     default_temperature: float = 0.0  # greedy unless the request sets temperature (as Triton's ensemble)
     request_timeout_s: float = 600.0
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # larger bodies: HTTP 413 (serve.openai.limits; docs/serving.md)
     log_level: str = "warning"  # uvicorn's
     # when set, every /v1/... request needs `Authorization: Bearer <api_key>` (serve.openai.auth); never in repr
     api_key: str | None = field(default=None, repr=False)
@@ -40,6 +43,11 @@ class OpenAIConfig:
     def __post_init__(self) -> None:
         if self.api_key is not None:
             check_api_key_format(self.api_key)
+        if self.max_body_bytes < MIN_BODY_BYTES:
+            raise InvalidArgumentError(f"--max-body-bytes must be ≥ {MIN_BODY_BYTES} (a small chat request is a few "
+                                       f"hundred bytes), got {self.max_body_bytes}")
+        if not self.request_timeout_s > 0:
+            raise InvalidArgumentError(f"--request-timeout must be > 0 seconds, got {self.request_timeout_s}")
 
 
 def check_api_key_format(key: str) -> None:

@@ -1,7 +1,15 @@
 """The wire protocol of the OpenAI-compatible frontend: request bodies of /v1/completions and
 /v1/chat/completions (pydantic; unknown fields are ignored and logged, as vLLM and trtllm-serve do), the checks
-OpenAI clients expect (n = 1, stop strings, unsupported options named), the DSpark extension fields, the
-OpenAI error shape, and the incremental text of one choice (stop strings cut on the detokenized text).
+OpenAI clients expect (n = 1, unsupported options named), the DSpark extension fields, the OpenAI error shape,
+and the incremental text of one choice (stop strings cut on the detokenized text).
+
+Known OpenAI parameters this server does not implement (UNSUPPORTED: penalties, logit_bias, logprobs, tools, ...)
+are answered as OpenAI answers a parameter a model does not support: HTTP 400 naming the parameter, code
+`unsupported_parameter` (or `unsupported_value` where only some values are: n, best_of, response_format, ...), when
+the value would change the output; their neutral value (0, null, empty, false, "text") is accepted. Parameters that
+cannot change the output (user, metadata, store, service_tier, parallel_tool_calls, prediction) and unknown fields
+are ignored (unknown ones logged). Texts (prompt, message contents, stop strings) must be valid Unicode
+(serve.validate.check_text: no lone surrogates); stop strings follow serve.validate.check_stop_strings.
 
 Owns: CompletionRequest, ChatCompletionRequest, OpenAIError (+ error_body, `bad`: the 400 of a wire-format check;
 the checks against the build are serve.validate's RequestError, mapped to the same 400 by serve.openai.app),
@@ -12,16 +20,57 @@ dspark_trt.serve.openai.app.
 from __future__ import annotations
 
 import logging
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from dspark_trt.serve.text import CONTEXT_TOKENS, delta_text
+from dspark_trt.serve.validate import check_stop_strings, check_text
 
 log = logging.getLogger(__name__)
 
-MAX_STOP_STRINGS = 16
 MAX_SEED = 2**63 - 1
+UNSUPPORTED_PARAMETER = "unsupported_parameter"  # OpenAI's code: the parameter is not supported at all
+UNSUPPORTED_VALUE = "unsupported_value"  # OpenAI's code: the parameter is, but not this value
+
+
+def _empty(v: Any) -> bool:
+    return not v
+
+
+# Known OpenAI parameters without an implementation here: name → (is the value neutral?, code, what to do). A
+# non-neutral value is a 400; the neutral one is accepted (clients that always send defaults keep working).
+UNSUPPORTED: dict[str, tuple[Callable[[Any], bool], str, str]] = {
+    "n": (lambda v: v in (None, 1), UNSUPPORTED_VALUE,
+          "n must be 1 (one choice per request); send concurrent requests instead (they are batched in flight)"),
+    "best_of": (lambda v: v in (None, 1), UNSUPPORTED_VALUE, "best_of must be 1; omit it"),
+    "presence_penalty": (_empty, UNSUPPORTED_PARAMETER,
+                         "presence_penalty is not supported by DSpark speculative decoding (lossless sampling "
+                         "only); omit it or send 0"),
+    "frequency_penalty": (_empty, UNSUPPORTED_PARAMETER,
+                          "frequency_penalty is not supported by DSpark speculative decoding (lossless sampling "
+                          "only); omit it or send 0"),
+    "logit_bias": (_empty, UNSUPPORTED_PARAMETER, "logit_bias is not supported; omit it"),
+    "top_logprobs": (_empty, UNSUPPORTED_PARAMETER, "top_logprobs is not supported; omit it"),
+    "echo": (_empty, UNSUPPORTED_PARAMETER, "echo is not supported; omit it"),
+    "suffix": (_empty, UNSUPPORTED_PARAMETER, "suffix is not supported; omit it"),
+    "tools": (_empty, UNSUPPORTED_PARAMETER, "tools are not supported by this server; omit them"),
+    "functions": (_empty, UNSUPPORTED_PARAMETER, "functions are not supported by this server; omit them"),
+    "tool_choice": (lambda v: v in (None, "none", "auto"), UNSUPPORTED_VALUE,
+                    "tool_choice other than \"none\" / \"auto\" is not supported (no tools); omit it"),
+    "function_call": (lambda v: v in (None, "none", "auto"), UNSUPPORTED_VALUE,
+                      "function_call other than \"none\" / \"auto\" is not supported (no functions); omit it"),
+    "response_format": (lambda v: v is None or (isinstance(v, dict) and v.get("type", "text") == "text"),
+                        UNSUPPORTED_VALUE, "response_format other than {\"type\": \"text\"} is not supported; "
+                        "omit it"),
+    "audio": (lambda v: v is None, UNSUPPORTED_PARAMETER, "audio output is not supported; omit it"),
+    "modalities": (lambda v: v in (None, ["text"]), UNSUPPORTED_VALUE, "modalities other than [\"text\"] are not "
+                   "supported; omit it"),
+    "reasoning_effort": (lambda v: v is None, UNSUPPORTED_PARAMETER,
+                         "reasoning_effort is not supported with this model; omit it"),
+}
+# Known OpenAI parameters accepted and ignored: none of them changes the generated text.
+IGNORED = ("user", "metadata", "store", "service_tier", "parallel_tool_calls", "prediction")
 
 
 class OpenAIError(Exception):
@@ -47,6 +96,38 @@ def error_body(message: str, type_: str = "invalid_request_error", param: str | 
 def bad(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
     """A 400 naming the offending parameter."""
     return OpenAIError(400, message, param, code)
+
+
+_JSON_FIX = "Fix: send one JSON object, UTF-8 encoded, with Content-Type: application/json"
+ROUTES = "GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health"
+
+
+def validation_error(errors: Sequence[Mapping[str, Any]]) -> OpenAIError:
+    """FastAPI's RequestValidationError.errors() → the 400: a body that is not JSON, or the first fields that do not
+    fit the request model (param: the first one's top-level field)."""
+    bad_json = next((e for e in errors if e.get("type") == "json_invalid"), None)
+    if bad_json is not None:
+        loc, ctx = bad_json.get("loc", ()), bad_json.get("ctx") or {}
+        where = f" at character {loc[-1]}" if loc and isinstance(loc[-1], int) else ""
+        return bad(f"We could not parse the JSON body of your request ({ctx.get('error', 'JSON decode error')}"
+                   f"{where}). {_JSON_FIX}.")
+    loc = [str(x) for x in (errors[0].get("loc", ()) if errors else ()) if x != "body"]
+    msg = "; ".join(f"{'.'.join(str(x) for x in e.get('loc', ()) if x != 'body') or 'body'}: {e.get('msg')}"
+                    for e in errors[:5])
+    return bad(f"invalid request: {_short(msg, 2000)}", loc[0] if loc else None)
+
+
+def http_error(status: int, detail: str, method: str, path: str) -> OpenAIError:
+    """Starlette's own HTTP errors in OpenAI's shape: an unknown URL (404), a wrong method (405), a body FastAPI
+    could not read (400: not UTF-8 JSON)."""
+    where = f"{method} {path if len(path) <= 200 else path[:200] + '…'}"
+    if status == 404:
+        return OpenAIError(404, f"Invalid URL ({where}); this server answers {ROUTES}")
+    if status == 405:
+        return OpenAIError(405, f"Method not allowed ({where}); this server answers {ROUTES}")
+    if status == 400:
+        return bad(f"We could not parse the JSON body of your request (not UTF-8 JSON: {detail}). {_JSON_FIX}.")
+    return OpenAIError(status, f"{detail} ({where})")
 
 
 class StreamOptions(BaseModel):
@@ -79,26 +160,29 @@ class _Common(BaseModel):
     return_stats: bool = False
 
     def stop_strings(self) -> tuple[str, ...]:
+        """`stop` as a tuple, checked by serve.validate.check_stop_strings (a RequestError: 400 naming `stop`)."""
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        if len(stops) > MAX_STOP_STRINGS:
-            raise bad(f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(stops)}", "stop")
-        if any(not s for s in stops):
-            raise bad("stop contains an empty string; remove it", "stop")
-        return tuple(stops)
+        return check_stop_strings(stops, "stop")
+
+    def _value(self, name: str) -> Any:
+        return getattr(self, name) if name in type(self).model_fields else (self.model_extra or {}).get(name)
 
     def check_supported(self) -> None:
-        """400 for options this server does not implement (rather than silently ignoring them)."""
-        if self.n not in (None, 1):
-            raise bad(f"n must be 1 (one choice per request), got {self.n}; send concurrent requests instead", "n")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise bad(f"{name} is not supported by DSpark speculative decoding (lossless sampling only); "
-                          "omit it or send 0", name)
-        if self.logit_bias:
-            raise bad("logit_bias is not supported; omit it", "logit_bias")
-        extra = sorted(self.model_extra or {})
+        """400 for a known OpenAI parameter this server does not implement, unless its value is the neutral one
+        (UNSUPPORTED); unknown fields are logged and ignored."""
+        for name, (neutral, code, message) in UNSUPPORTED.items():
+            value = self._value(name)
+            if not neutral(value):
+                raise bad(f"{message} (got {_short(value)})", name, code)
+        extra = sorted(k for k in (self.model_extra or {}) if k not in UNSUPPORTED and k not in IGNORED)
         if extra:
-            log.warning("ignoring unknown request field(s): %s", ", ".join(extra))
+            log.warning("ignoring unknown request field(s): %s", ", ".join(_short(k) for k in extra[:10]))
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """A value for a message or a log line: repr, cut to `limit` characters (bodies may hold megabytes)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "…"
 
 
 class CompletionRequest(_Common):
@@ -112,14 +196,8 @@ class CompletionRequest(_Common):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.echo:
-            raise bad("echo is not supported; omit it", "echo")
         if self.logprobs is not None:
-            raise bad("logprobs is not supported; omit it", "logprobs")
-        if self.best_of not in (None, 1):
-            raise bad(f"best_of must be 1, got {self.best_of}", "best_of")
-        if self.suffix:
-            raise bad("suffix is not supported; omit it", "suffix")
+            raise bad(f"logprobs is not supported; omit it (got {self.logprobs})", "logprobs", UNSUPPORTED_PARAMETER)
 
     def one_prompt(self) -> str | list[int]:
         """The single prompt as text or token ids (400 for a batch of prompts)."""
@@ -132,7 +210,7 @@ class CompletionRequest(_Common):
         if isinstance(p, str):
             if not p.strip():
                 raise bad("prompt is empty; send a non-empty prompt", "prompt")
-            return p
+            return check_text(p, "prompt")
         if not p:
             raise bad("prompt is empty; send a non-empty prompt", "prompt")
         return [int(t) for t in p]
@@ -162,6 +240,7 @@ class ChatMessage(BaseModel):
             content = "".join(parts)
         else:
             content = self.content or ""
+        check_text(content, "message content", "messages")
         return {"role": "system" if self.role == "developer" else self.role, "content": content}
 
 
@@ -179,11 +258,7 @@ class ChatCompletionRequest(_Common):
     def check_supported(self) -> None:
         super().check_supported()
         if self.logprobs:
-            raise bad("logprobs is not supported; omit it", "logprobs")
-        if self.tools:
-            raise bad("tools are not supported by this server; omit them", "tools")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            raise bad("response_format other than text is not supported", "response_format")
+            raise bad("logprobs is not supported; omit it or send false", "logprobs", UNSUPPORTED_PARAMETER)
         if not any((m.as_template_message()["content"]).strip() for m in self.messages):
             raise bad("every message is empty; send a non-empty prompt", "messages")
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from dspark_trt.errors import RequestError
-from dspark_trt.serve.triton.stub import StubModel
+from dspark_trt.serve.triton.stub import StubModel, is_server_side
 from dspark_trt.serve.validate import single
 
 log = logging.getLogger("dspark_trt.serve")
@@ -83,12 +83,12 @@ class DsparkSyncModel(StubModel):
                 log.exception("%s: answering a failed request failed", self.name)
 
     def _forward_error(self, err: Any) -> Any:
-        """The dspark model's error, with its message and code (INVALID_ARG stays a 400)."""
-        try:
-            code = err.code()
-            return self.pb.InferenceResponse(output_tensors=[], error=self.pb.TritonError(err.message(), code))
-        except (AttributeError, TypeError):
-            return self.pb.InferenceResponse(output_tensors=[], error=self.pb.TritonError(err.message()))
+        """The dspark model's error with its message, as INVALID_ARG (HTTP 400, gRPC INVALID_ARGUMENT) unless it
+        reports a server-side failure (stub.is_server_side: INTERNAL). Triton 2.51 gives a BLS caller every error
+        as INTERNAL, whatever code the model sent, which made each bad request through `ensemble` infer a 500."""
+        pb, message = self.pb, err.message()
+        code = pb.TritonError.INTERNAL if is_server_side(message) else pb.TritonError.INVALID_ARG
+        return pb.InferenceResponse(output_tensors=[], error=pb.TritonError(message, code))
 
     def finalize(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -23,7 +23,7 @@ from dspark_trt.serve.metrics import ServeMetrics
 from dspark_trt.serve.text import unpack_stop_words
 from dspark_trt.serve.triton.responder import Responder, TritonSink
 from dspark_trt.serve.triton.stub import StubModel
-from dspark_trt.serve.validate import parse_generation, prompt_ids, request_key, single
+from dspark_trt.serve.validate import check_stop_words_ids, parse_generation, prompt_ids, request_key, single
 
 log = logging.getLogger("dspark_trt.serve")
 
@@ -83,7 +83,9 @@ class DsparkModel(StubModel):
 
         prompt = prompt_ids(self._get(request, "input_ids"), self.cfg)
         inputs = {name: self._get(request, name) for name in GEN_INPUTS}
-        stops = unpack_stop_words(self._get(request, "stop_words_ids"))
+        packed = self._get(request, "stop_words_ids")
+        check_stop_words_ids(packed)  # the layout; parse_generation checks the sequences
+        stops = unpack_stop_words(packed)
         params = parse_generation(inputs, len(prompt), self.cfg, stops)
         key = request_key(request.request_id(), request.parameters())
         return Job(prompt, params, sink, self.loaded.eos_ids, key=key)

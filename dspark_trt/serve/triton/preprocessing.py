@@ -2,8 +2,9 @@
 stop_words_ids.
 
 Owns the model's tensor plumbing only: the request checks are serve.validate's (unknown request parameters,
-UTF-8, one value per input), the tokenizing serve.text's (encode_prompt → validate.check_prompt_tokens: empty or
-over-long prompts; stop words packed in tensorrtllm_backend's [2, N] layout). Loads only the build's tokenizer.
+UTF-8, one value per input, the stop words' count and length: check_stop_strings), the tokenizing serve.text's
+(encode_prompt → validate.check_prompt_tokens: empty or over-long prompts; stop words packed in
+tensorrtllm_backend's [2, N] layout). Loads only the build's tokenizer.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 from dspark_trt.serve.build_loader import load_tokenizer_for
 from dspark_trt.serve.text import encode_prompt, encode_stop_words, pack_stop_words
 from dspark_trt.serve.triton.stub import StubModel
-from dspark_trt.serve.validate import check_request_parameters, decode_text, single
+from dspark_trt.serve.validate import check_request_parameters, check_stop_strings, decode_text, single
 
 __all__ = ["PreprocessingModel"]
 
@@ -33,7 +34,10 @@ class PreprocessingModel(StubModel):
         ids = encode_prompt(self.tokenizer, text, bool(chat) if chat is not None else False,
                             self.cfg.max_prompt_tokens)
         words = self._get(request, "stop_words")
-        stops = encode_stop_words(self.tokenizer, list(np.asarray(words).reshape(-1))) if words is not None else []
+        stops: list[list[int]] = []
+        if words is not None:
+            texts = check_stop_strings([decode_text(w, "stop_words") for w in np.asarray(words).reshape(-1)])
+            stops = encode_stop_words(self.tokenizer, texts)
         return self.pb.InferenceResponse(output_tensors=[
             self.pb.Tensor("input_ids", np.asarray(ids, dtype=np.int32).reshape(1, -1)),  # [1, T]
             self.pb.Tensor("stop_words_ids", pack_stop_words(stops)[None]),  # [1, 2, N]

@@ -26,7 +26,7 @@ from dspark_trt.serve.config import ServeConfig
 
 log = logging.getLogger("dspark_trt.serve")
 
-__all__ = ["StubModel", "bytes_tensor"]
+__all__ = ["SERVER_SIDE_MARKERS", "StubModel", "bytes_tensor", "is_server_side"]
 
 
 def _setup_logging() -> None:
@@ -66,6 +66,16 @@ def _fast_exit() -> None:
 
 
 _EXIT_HOOKED: list[bool] = []
+
+# What the `dspark` model's error messages for a failure on the server's side contain (StubModel.error_response:
+# "internal error in ..."; serve.worker: shutting down, unloaded, a failed round); any other error it answers is
+# the request's. Triton 2.51 hands a BLS caller every error as INTERNAL, so dspark_sync sorts them by this.
+SERVER_SIDE_MARKERS = ("internal error", "shutting down", "unloaded", "generation failed")
+
+
+def is_server_side(message: str) -> bool:
+    """True when an error message of our models reports a server-side failure (not a bad request)."""
+    return any(m in message for m in SERVER_SIDE_MARKERS)
 
 
 def bytes_tensor(pb: Any, name: str, values: Sequence[bytes], shape: tuple[int, ...]) -> Any:
