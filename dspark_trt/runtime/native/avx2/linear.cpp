@@ -338,12 +338,17 @@ void row_groups(const LinearPlan& p, int64_t b0, int64_t b1, Fn&& fn) {
   }
 }
 
-// Float kinds: groups of ≤ 6 rows × one block, both halves (≤ 12 FMA chains, two FMAs per broadcast)
+// Float kinds: groups of ≤ 6 rows × one block, both halves (≤ 12 FMA chains, two FMAs per broadcast). Groups of
+// 2 or 3 rows take two blocks per pass (a SwiGLU pair at once, else the block and the next): 8 or 12 chains, where
+// one block would give 4 or 6, too few to hide the FMA latency (7 rows = 3 + 4 ran at the speed of 8).
 template <int KIND>
 void float_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
   row_groups<KIND, 6>(p, b0, b1, [&](int64_t m0, int64_t mr, int64_t blk, int g, int groups) {
     auto run = [&](auto rows) {
       constexpr int R = decltype(rows)::value;
+      if constexpr (R == 2 || R == 3) {
+        if (p.swiglu) return tile<KIND, R, 2>(p, m0, blk, g, groups);  // emit_blocks<2>: the pair (up, fc)
+      }
       if (p.swiglu) tile<KIND, R, 1, true>(p, m0, blk, g, groups); else tile<KIND, R, 1>(p, m0, blk, g, groups);
     };
     switch (mr) {
