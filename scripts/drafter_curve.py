@@ -10,7 +10,7 @@ Stages, each skipped when its output exists (rerun the same command to resume af
    stamped with the CPU, its kernel engine and the commit.
 
     .venv/bin/python scripts/drafter_curve.py --corpus runs/data/chat.jsonl --out runs/curve \\
-        [--budgets 1000000,2500000,5000000] [--minutes-per-mtok 12] [--gamma 7]
+        [--budgets 1000000,2500000,5000000] [--minutes-per-mtok 12 | --steps-per-mtok 600] [--gamma 7]
 
 A long job (hours on 2 cores): run it with nohup on a quiet machine. Never a test.
 """
@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--budgets", default="1000000,2500000,5000000", help="answer-token budgets, comma-separated")
     p.add_argument("--minutes-per-mtok", type=float, default=12.0, help="training minutes per 1M answer tokens")
+    p.add_argument("--steps-per-mtok", type=int, default=0,
+                   help="train by steps instead: this many steps per 1M answer tokens (the minute budget becomes "
+                        "4× --minutes-per-mtok, a bound only), so a busy machine slows the curve but cannot bend it")
     p.add_argument("--target", type=Path, default=None, help="target HF dir (default: the embedded SmolLM2-135M)")
     p.add_argument("--gamma", type=int, default=7)
     p.add_argument("--max-new", type=int, default=96)
@@ -63,6 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     if not (teacher / "features" / "meta.json").exists():
         _run(cli + ["train-drafter", *tgt, "--corpus", *map(str, a.corpus), "--out", str(teacher), "--features-only",
                     "--gamma", str(a.gamma), "--max-tokens", str(10**10)])
+    def budget(n: int) -> list[str]:
+        minutes = a.minutes_per_mtok * n / 1e6
+        if not a.steps_per_mtok:
+            return ["--max-minutes", f"{minutes:.1f}"]
+        return ["--max-steps", str(round(a.steps_per_mtok * n / 1e6)), "--max-minutes", f"{4 * minutes:.1f}"]
+
     rows = []
     for n in (int(x) for x in a.budgets.split(",")):
         run = a.out / f"{n}"
@@ -71,8 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             os.symlink((teacher / "features").resolve(), run / "features")
         if not (run / "drafter" / "config.json").exists() or not (run / "metrics.json").exists():
             _run(cli + ["train-drafter", *tgt, "--corpus", *map(str, a.corpus), "--out", str(run),
-                        "--gamma", str(a.gamma), "--train-tokens", str(n), "--max-minutes", f"{a.minutes_per_mtok * n / 1e6:.1f}",
-                        *a.train_args.split()] + (["--resume"] if (run / "train_state.pt").exists() else []))
+                        "--gamma", str(a.gamma), "--train-tokens", str(n), *budget(n), *a.train_args.split()] + (["--resume"] if (run / "train_state.pt").exists() else []))
         loop = run / "loop.json"
         if not loop.exists():
             _run([py, "-m", "dspark_trt.train.evaluate", *tgt, "--drafter",
@@ -81,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         g = json.loads(loop.read_text())["by_gamma"][str(a.gamma)]
         rows.append((n, m.get("heldout_tau_tf"), g["tau"], g["acceptance_per_position"][:3], g["tau_by_kind"],
                      g["lossless_mismatches"]))
-    lines = [f"Data → τ ({_stamp()}); γ = K = {a.gamma}, {a.minutes_per_mtok:g} training minutes per 1M answer "
-             f"tokens, held-out prompts, greedy", "",
+    per = f"{a.steps_per_mtok} training steps" if a.steps_per_mtok else f"{a.minutes_per_mtok:g} training minutes"
+    lines = [f"Data → τ ({_stamp()}); γ = K = {a.gamma}, {per} per 1M answer tokens, held-out prompts, greedy", "",
              "| answer tokens | τ teacher-forced (held-out split) | loop τ | acceptance 1–3 | loop τ by kind "
              "| lossless |",
              "|---|---|---|---|---|---|"]
