@@ -39,6 +39,8 @@ class VerifyPass:
 class SpecBackend:
     """spec_decode.protocols.Backend over a runtime CausalLM target and an optional spec_decode.protocols.Drafter."""
 
+    chunked_prefill = True  # prefill(..., offsets) continues a slot's prompt (spec_decode.loop: LoopConfig.prefill_chunk)
+
     def __init__(self, target: CausalLM, drafter: Drafter | None, max_batch: int, max_seq: int,
                  verify_slack: int | None = None) -> None:
         if max_batch < 1 or max_seq < 2:
@@ -68,28 +70,39 @@ class SpecBackend:
         return s
 
     # ----------------------------------------------------------------- protocol
-    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Reset the slots, run the prompts (right-padded batch), feed the drafter; logits [B, V] float32."""
+    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
+                offsets: Sequence[int] | None = None) -> torch.Tensor:
+        """Reset the slots, run the prompts (right-padded batch), feed the drafter; logits [B, V] float32.
+        offsets [B] (chunked prefill): prompts[r] continues slot r after the offsets[r] prompt tokens it holds
+        (0 resets it as without offsets); every row's tokens see their slot's cache, so a prompt prefilled in
+        chunks leaves the same cache and drafter context as in one pass (the kernels are row-invariant)."""
         s = self._slot_tensor(slots)
         if len(prompts) != s.numel():
             raise InvalidArgumentError(f"prefill: {s.numel()} slots but {len(prompts)} prompts.")
+        offs = [0] * s.numel() if offsets is None else [int(o) for o in offsets]
+        if len(offs) != s.numel():
+            raise InvalidArgumentError(f"prefill: {s.numel()} slots but {len(offs)} offsets.")
         lengths = [len(p) for p in prompts]
         if min(lengths) < 1:
             raise InvalidArgumentError("prefill: every prompt needs at least one token.")
-        if max(lengths) > self.max_seq:
-            raise InvalidArgumentError(f"prefill: a prompt of {max(lengths)} tokens exceeds max_seq={self.max_seq}; "
-                                       f"shorten it or raise max_seq.")
-        for slot in s.tolist():
-            self.cache.reset(slot)
-            if self.drafter is not None:
-                self.drafter.release(slot)
+        if max(o + n for o, n in zip(offs, lengths)) > self.max_seq:
+            raise InvalidArgumentError(f"prefill: a prompt of {max(o + n for o, n in zip(offs, lengths))} tokens "
+                                       f"exceeds max_seq={self.max_seq}; shorten it or raise max_seq.")
+        for slot, off in zip(s.tolist(), offs):
+            if off == 0:
+                self.cache.reset(slot)
+                if self.drafter is not None:
+                    self.drafter.release(slot)
+            elif int(self.cache.lengths[slot]) != off:
+                raise InvalidArgumentError(f"prefill: slot {slot} holds {int(self.cache.lengths[slot])} tokens, not "
+                                           f"the offset {off} its chunk continues; prefill the chunks in order.")
         T = max(lengths)
         ids = torch.zeros(s.numel(), T, dtype=torch.long)  # [B, T] right-padded
         for row, p in enumerate(prompts):
             ids[row, :len(p)] = torch.as_tensor(list(p), dtype=torch.long)
         n = torch.tensor(lengths, dtype=torch.long)  # [B]
         out = self.target(ids, self.cache, s, taps=self.taps, logits="last", last_index=n - 1)
-        self.cache.truncate(s, n)
+        self.cache.truncate(s, torch.tensor(offs, dtype=torch.long) + n)
         if self.drafter is not None:
             self.drafter.extend_context(s, ids, n, out.hidden)
         self.pending_commit = None

@@ -62,6 +62,7 @@ def make_batcher(cfg: ServeConfig, loaded: LoadedBackend, metrics: ServeMetrics,
 
         # every verify size 1..γ+1, then pass sizes up to a full batch's verify (slots × (γ + 1) tokens, ≤ 512)
         table = profile_costs(loaded.backend, cfg.gamma + 1, reps=3, pass_tokens=cfg.max_batch * (cfg.gamma + 1))
-    config = LoopConfig(gamma=cfg.gamma) if table is None else LoopConfig(gamma=cfg.gamma, cost_table=table)
+    config = LoopConfig(gamma=cfg.gamma, prefill_chunk=cfg.prefill_chunk) if table is None else \
+        LoopConfig(gamma=cfg.gamma, cost_table=table, prefill_chunk=cfg.prefill_chunk)
     sched = RoundScheduler(serving_backend(loaded.backend, metrics, faults), config)
     return InflightBatcher(sched, metrics, max_queue=cfg.max_queue, proposers=proposers_from_env()).start()

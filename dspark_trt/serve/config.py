@@ -9,6 +9,7 @@ Torch-free, no pb_utils.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -16,7 +17,19 @@ from typing import Any, Mapping
 from dspark_trt.errors import ServeError
 from dspark_trt.spec_decode.limits import request_room  # torch-free
 
-__all__ = ["ServeConfig"]
+__all__ = ["PREFILL_CHUNK_ENV", "ServeConfig"]
+
+PREFILL_CHUNK_ENV = "DSPARK_PREFILL_CHUNK"  # chunked prefill for the server's round loop (spec_decode.loop.LoopConfig)
+
+
+def _prefill_chunk(param: str) -> int:
+    """DSPARK_PREFILL_CHUNK, else the optional PREFILL_CHUNK parameter, else 0 (whole prompts); ServeError if it is
+    not an integer ≥ 0."""
+    raw = os.environ.get(PREFILL_CHUNK_ENV) or param or "0"
+    if not raw.strip().isdigit():
+        raise ServeError(f"{PREFILL_CHUNK_ENV} / PREFILL_CHUNK must be an integer ≥ 0 (prompt tokens per round, 0 = "
+                         f"whole prompts), got {raw!r}; fix the environment or the config.pbtxt parameter")
+    return int(raw)
 
 
 @dataclass(frozen=True)
@@ -31,6 +44,7 @@ class ServeConfig:
     min_k: int = 2  # MIN_K
     max_k: int = 8  # MAX_K (0 in config.pbtxt = γ)
     max_queue: int = 64  # MAX_QUEUE: above this many waiting + active requests, rounds run without speculation
+    prefill_chunk: int = 0  # PREFILL_CHUNK (optional; env DSPARK_PREFILL_CHUNK wins): prompt tokens per round, 0 = whole
     build_dir: Path | None = None  # BUILD_DIR: the build the stubs load
 
     @classmethod
@@ -43,6 +57,7 @@ class ServeConfig:
             return cls(max_seq_len=int(raw["MAX_SEQ_LEN"]), max_batch=int(raw["MAX_BATCH_SIZE"]), gamma=gamma,
                        vocab_size=vocab_size, policy=raw["POLICY"], min_k=int(raw["MIN_K"]),
                        max_k=int(raw["MAX_K"]) or gamma, max_queue=int(raw["MAX_QUEUE"]),
+                       prefill_chunk=_prefill_chunk(raw.get("PREFILL_CHUNK", "")),
                        build_dir=Path(raw["BUILD_DIR"]))
         except (KeyError, ValueError) as exc:
             raise ServeError(f"config.pbtxt of {model_config.get('name')!r} lacks parameter {exc} or it is not a "

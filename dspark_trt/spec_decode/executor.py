@@ -40,9 +40,20 @@ class BackendExecutor:
         self.backend.release(slot)
 
     # ---- prefill ---------------------------------------------------------------------------------------
-    def prefill(self, rows: Sequence[RoundRow]) -> list[int]:
-        """One batched prefill of the prompts → each row's first token."""
-        logits = self.backend.prefill([r.slot for r in rows], [list(r.sequence) for r in rows])  # [B, V]
+    @property
+    def chunked_prefill(self) -> bool:
+        """Whether prefill takes spans (the backend continues a slot's prompt: Backend.prefill offsets)."""
+        return bool(getattr(self.backend, "chunked_prefill", False))
+
+    def prefill(self, rows: Sequence[RoundRow], spans: Sequence[tuple[int, int]] | None = None) -> list[int]:
+        """One batched prefill of the prompts (spans: prompt tokens [a, b) of each row, the slot holding [0, a))
+        → each row's first token (meaningful where b is the prompt's end)."""
+        slots = [r.slot for r in rows]
+        if spans is None:
+            logits = self.backend.prefill(slots, [list(r.sequence) for r in rows])  # [B, V]
+        else:
+            logits = self.backend.prefill(slots, [list(r.sequence[a:b]) for r, (a, b) in zip(rows, spans)],
+                                          offsets=[a for a, _ in spans])  # [B, V]
         return self._first_tokens(logits, rows)
 
     @staticmethod

@@ -48,10 +48,16 @@ class LoopConfig:
 
     gamma: int = 7  # draft block size γ (the most any request verifies per round)
     cost_table: CostTable = field(default_factory=CostTable.linear)  # survival policy: SPS by batch tokens
+    # chunked prefill: at most this many prompt tokens per step (0: whole prompts at admission). A long prompt is
+    # then prefilled over several steps while the generating requests keep their rounds; it starts generating
+    # when its prompt is in. Needs an executor with chunked_prefill (else whole prompts).
+    prefill_chunk: int = 0
 
     def __post_init__(self) -> None:
         if self.gamma < 0:
             raise InvalidArgumentError(f"gamma (draft block size) must be ≥ 0, got {self.gamma}")
+        if self.prefill_chunk < 0:
+            raise InvalidArgumentError(f"prefill_chunk must be ≥ 0 (0 = whole prompts), got {self.prefill_chunk}")
 
 
 @dataclass(frozen=True)
@@ -103,6 +109,7 @@ class _Active:
     state: PolicyState
     tokens: list[int] = field(default_factory=list)  # generated so far
     stats: SpecStats = field(default_factory=SpecStats)
+    prefilled: int = 0  # prompt tokens in the slot's cache (chunked prefill; the whole prompt once generating)
 
     @property
     def sampling(self) -> SamplingParams:
@@ -165,6 +172,7 @@ class RoundScheduler:
         self._ids = itertools.count()
         self._waiting: list[tuple[int, Request]] = []
         self._active: dict[int, _Active] = {}
+        self._prefilling: list[_Active] = []  # chunked prefill: admitted (a slot), prompt not yet all in, FIFO
         self._free = list(range(self.executor.max_batch))  # KV slots of no request
         self.totals = SpecStats(keep_rounds=False)  # finished + cancelled requests (counters only)
         self.batched_rounds = 0
@@ -187,6 +195,11 @@ class RoundScheduler:
             if rid == request_id:
                 del self._waiting[i]
                 return True
+        for i, act in enumerate(self._prefilling):
+            if act.rid == request_id:
+                del self._prefilling[i]
+                self._release(act)
+                return True
         act = self._active.pop(request_id, None)
         if act is None:
             return False
@@ -195,11 +208,12 @@ class RoundScheduler:
 
     @property
     def active(self) -> int:
-        return len(self._active)
+        """Requests holding a KV slot (generating, or their prompt being prefilled in chunks)."""
+        return len(self._active) + len(self._prefilling)
 
     @property
     def pending(self) -> int:
-        return len(self._waiting) + len(self._active)
+        return len(self._waiting) + self.active
 
     def _release(self, act: _Active) -> None:
         if self.suffix is not None:  # its output joins the cross-request index
@@ -241,7 +255,10 @@ class RoundScheduler:
         return list(events.values())
 
     def _admit(self, events: dict[int, RoundEvent]) -> int:
-        """Prefill as many waiting requests as there are free slots → the prompt tokens prefilled."""
+        """Prefill as many waiting requests as there are free slots → the prompt tokens prefilled (chunked: within
+        the step's budget, LoopConfig.prefill_chunk)."""
+        if self.config.prefill_chunk and getattr(self.executor, "chunked_prefill", False):
+            return self._admit_chunks(events, self.config.prefill_chunk)
         n = min(len(self._free), len(self._waiting))
         if n == 0:
             return 0
@@ -254,12 +271,58 @@ class RoundScheduler:
             self._free[:0] = [a.slot for a in acts]  # the requests fail (the caller answers them), the slots stay
             raise
         for act, tok in zip(acts, first):
-            self._active[act.rid] = act
-            act.stats.prefill_calls += 1
-            act.stats.committed_tokens += 1
-            if self._emit(events, act, [tok]):
-                self._finish(act)
+            self._start(events, act, tok)
         return sum(len(a.req.prompt_ids) for a in acts)
+
+    def _start(self, events: dict[int, RoundEvent], act: _Active, first: int) -> None:
+        """A request whose prompt is all in its slot: its first token, then its rounds."""
+        act.prefilled = len(act.req.prompt_ids)
+        self._active[act.rid] = act
+        act.stats.prefill_calls += 1
+        act.stats.committed_tokens += 1
+        if self._emit(events, act, [first]):
+            self._finish(act)
+
+    def _admit_chunks(self, events: dict[int, RoundEvent], budget: int) -> int:
+        """Chunked prefill: continue the prompts being prefilled (oldest first), then admit waiting requests into
+        free slots, all within `budget` prompt tokens, in one batched pass → the prompt tokens prefilled."""
+        rows: list[_Active] = []
+        spans: list[tuple[int, int]] = []
+        left = budget
+        for act in self._prefilling:
+            if left <= 0:
+                break
+            n = min(len(act.req.prompt_ids) - act.prefilled, left)
+            rows.append(act)
+            spans.append((act.prefilled, act.prefilled + n))
+            left -= n
+        new: list[_Active] = []
+        while left > 0 and self._free and self._waiting:
+            rid, req = self._waiting.pop(0)
+            act = _Active(rid, req, self._free.pop(0), PolicyState.initial(req.policy, self.gate))
+            new.append(act)
+            n = min(len(req.prompt_ids), left)
+            rows.append(act)
+            spans.append((0, n))
+            left -= n
+        if not rows:
+            return 0
+        try:
+            first = self.executor.prefill(rows, spans)
+        except BaseException:  # the requests fail (the caller answers them); the slots return
+            self._free[:0] = [a.slot for a in new]
+            for act in rows:
+                if act in self._prefilling:
+                    self._prefilling.remove(act)
+                    self._free.insert(0, act.slot)
+            raise
+        self._prefilling.extend(new)
+        for act, (_, end), tok in zip(rows, spans, first):
+            act.prefilled = end
+            if end == len(act.req.prompt_ids):  # (prefill_calls counts a prompt once, however many chunks)
+                self._prefilling.remove(act)
+                self._start(events, act, tok)
+        return budget - left
 
     def _caps(self, acts: list[_Active]) -> list[int]:
         """The most each request may verify: γ, its policy's ceiling, tokens left − 1, cache room (0 for all

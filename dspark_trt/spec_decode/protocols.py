@@ -90,8 +90,11 @@ class Backend(Protocol):
     max_batch: int
     max_seq: int
 
-    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Run the prompts, feed the drafter its context; return logits at each last prompt position [B, V]."""
+    def prefill(self, slots: Sequence[int], prompts: Sequence[Sequence[int]],
+                offsets: Sequence[int] | None = None) -> torch.Tensor:
+        """Run the prompts, feed the drafter its context; return logits at each last prompt position [B, V].
+        offsets (backends with `chunked_prefill = True`): prompts[r] continues slot r's prompt after the offsets[r]
+        tokens already in its cache (0: a new prompt; the slot is reset) — chunked prefill."""
 
     def draft(self, slots: Sequence[int], anchors: torch.Tensor, gamma: int, sampling: Sequence[SamplingParams],
               positions: torch.Tensor) -> DraftBlock:
@@ -192,9 +195,10 @@ class RoundExecutor(Protocol):
     keyed_sampling: bool  # True: sampled rows draw from spec_decode.rng keyed on the request's seed (add() gives a
     # seedless request a random one); False: the engine samples, the seed goes through as given
 
-    def prefill(self, rows: Sequence[RoundRow]) -> list[int]:
+    def prefill(self, rows: Sequence[RoundRow], spans: Sequence[tuple[int, int]] | None = None) -> list[int]:
         """Run each row's prompt (row.sequence) into its slot → its first generated token (the token at position
-        row.n_committed)."""
+        row.n_committed). spans (executors with `chunked_prefill = True` only): run prompt tokens [a, b) of each row,
+        the slot already holding [0, a); the first token is meaningful only for rows whose b is the prompt's end."""
 
     def draft(self, rows: Sequence[RoundRow], caps: Sequence[int]) -> DraftOutcome:
         """Propose up to caps[r] ≥ 1 tokens after each row's anchor. May raise (the scheduler runs the round as plain
