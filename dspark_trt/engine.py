@@ -26,7 +26,7 @@ from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.loop import GenerateResult, LoopConfig
 from dspark_trt.spec_decode.loop import generate as loop_generate
 from dspark_trt.spec_decode.sampling import SamplingParams
-from dspark_trt.spec_decode.policies import POLICIES, parse_proposers, resolve_policy_alias
+from dspark_trt.spec_decode.policies import POLICIES, default_proposers, parse_proposers, resolve_policy_alias
 from dspark_trt.spec_decode.suffix import SuffixProposer
 from dspark_trt.spec_decode.scheduler import CostTable, GateMemory, PolicyConfig
 from dspark_trt.spec_decode.stats import TimedBackend
@@ -118,9 +118,10 @@ class SpeculativeDecodingEngine:
         confidence Π c_i drops below it (needs a drafter with a confidence head; ignored otherwise). None = off.
       policy: override the K policy ("plain", "fixed", "confidence" (alias "seed"), "survival"); dtype: runtime
         dtype; seed: RNG seed for sampling (None = random per call); cost_table: survival policy's cost table.
-      proposers: who proposes drafts, "dspark" (the drafter's block, default), "suffix" (a match of the last tokens
-        in the request's own tokens or this engine's recent outputs: spec_decode.suffix; needs no drafter) or both
-        ("dspark,suffix": chosen per round by expected committed tokens against the cost, spec_decode.proposers).
+      proposers: who proposes drafts, "dspark" (the drafter's block), "suffix" (a match of the last tokens in the
+        request's own tokens or this engine's recent outputs: spec_decode.suffix; needs no drafter) or both
+        ("dspark,suffix": chosen per round by expected committed tokens against the cost, spec_decode.proposers);
+        None: spec_decode.policies.default_proposers (both when greedy, the DSpark block alone when sampling).
     """
 
     def __init__(self, target_model: Any, draft_model: Any | None = None, tokenizer: Any | None = None,
@@ -128,7 +129,7 @@ class SpeculativeDecodingEngine:
                  use_confidence_scheduling: bool = True, confidence_threshold: float | None = None,
                  policy: str | None = None, dtype: torch.dtype | None = None, seed: int | None = None,
                  cost_table: CostTable | None = None, min_k: int | None = None, max_k: int | None = None,
-                 proposers: str | Sequence[str] = ("dspark",)) -> None:
+                 proposers: str | Sequence[str] | None = None) -> None:
         if not isinstance(max_length, int) or max_length < 2:
             raise _bad("max_length", max_length, "an integer ≥ 2 (prompt + generated tokens)")
         if not isinstance(draft_length, int) or not 1 <= draft_length <= 64:
@@ -160,6 +161,8 @@ class SpeculativeDecodingEngine:
                 max_k = min(max_k, draft_length)
             if min_k is not None:
                 min_k = min(min_k, draft_length)
+        if proposers is None:
+            proposers = default_proposers(temperature == 0)
         self.proposers = parse_proposers(proposers if isinstance(proposers, str) else tuple(proposers))
         needs_drafter = "dspark" in self.proposers
         name = policy or ("plain" if self.drafter is None and needs_drafter

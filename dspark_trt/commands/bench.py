@@ -212,7 +212,8 @@ def run(args: argparse.Namespace) -> int:
                                                                        policy="plain")}
     for pol in policies:
         for k in (ks if pol == "fixed" else [0]):
-            eng = SpeculativeDecodingEngine(target, drafter, tok, max_len, gamma, policy=pol, cost_table=table)
+            eng = SpeculativeDecodingEngine(target, drafter, tok, max_len, gamma, policy=pol, cost_table=table,
+                                            proposers="dspark")
             if pol == "fixed":
                 eng.with_policy(k=k)
             engines[f"ours DSpark (fixed K={k})" if pol == "fixed" else f"ours DSpark ({pol})"] = eng
@@ -225,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_useless_drafter:
         junk = useless_drafter(draft_dir, target, dtype, Path(target_dir))
         engines[USELESS] = SpeculativeDecodingEngine(target, junk, tok, max_len, gamma, policy="survival",
-                                                     cost_table=table)
+                                                     cost_table=table, proposers="dspark")
         if suffix:
             engines[HYBRID_USELESS] = SpeculativeDecodingEngine(target, junk, tok, max_len, gamma,
                                                                 policy="survival", cost_table=table,

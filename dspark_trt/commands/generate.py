@@ -16,7 +16,7 @@ from typing import Any
 
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.loop import LoopConfig
-from dspark_trt.spec_decode.policies import parse_proposers, resolve_policy_alias
+from dspark_trt.spec_decode.policies import default_proposers, parse_proposers, resolve_policy_alias
 from dspark_trt.spec_decode.sampling import SamplingParams, check_sampling
 from dspark_trt.spec_decode.scheduler import POLICIES, PolicyConfig
 
@@ -33,10 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
     p.add_argument("--policy", type=resolve_policy_alias, choices=POLICIES, default=_POL.policy,
                    help=f"K policy (default {_POL.policy}; \"seed\" = confidence)")
-    p.add_argument("--proposers", type=parse_proposers, default=_POL.proposers,
-                   help="who proposes drafts: dspark (the drafter's block; default), suffix (a match of the last "
+    p.add_argument("--proposers", type=parse_proposers, default=None,
+                   help="who proposes drafts: dspark (the drafter's block), suffix (a match of the last "
                         "tokens in the prompt + output: needs no drafter) or dspark,suffix (chosen per round by "
-                        "expected tokens against the cost)")
+                        "expected tokens against the cost; the default for greedy requests, dspark when sampling)")
     p.add_argument("--k", type=int, default=_POL.k, help=f"verify length for --policy fixed (default {_POL.k})")
     p.add_argument("--gamma", type=int, default=None,
                    help=f"draft block size γ (default: the drafter's own, else {_LOOP.gamma})")
@@ -78,11 +78,13 @@ def _check(args: argparse.Namespace) -> None:
         raise InvalidArgumentError("--url talks to a running server: drop --build-dir/--target/--draft")
     if args.build_dir and (args.target or args.draft):
         raise InvalidArgumentError("--build-dir brings its own models: drop --target/--draft")
-    if args.url and tuple(args.proposers) != _POL.proposers:
+    if args.url and args.proposers is not None:
         raise InvalidArgumentError("--proposers applies to in-process generation; a server uses its build's "
                                    "proposers: drop --proposers or --url")
     if args.stream and not args.url:
         raise InvalidArgumentError("--stream needs --url (in-process generation prints the whole result)")
+    if args.proposers is None and not args.url:
+        args.proposers = default_proposers(args.temperature == 0)
 
 
 def _remote(args: argparse.Namespace) -> dict[str, Any]:

@@ -51,7 +51,7 @@ from dspark_trt.serve.text import CONTEXT_TOKENS
 from dspark_trt.serve.validate import GenerationParams
 from dspark_trt.spec_decode.loop import Request, RoundEvent, RoundScheduler
 from dspark_trt.spec_decode.protocols import SamplingParams
-from dspark_trt.spec_decode.policies import parse_proposers
+from dspark_trt.spec_decode.policies import default_proposers, parse_proposers
 from dspark_trt.spec_decode.scheduler import PolicyConfig
 from dspark_trt.spec_decode.stats import TimedBackend
 
@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 
 CANCEL_POLL_S = 0.1  # how often the loop asks Triton whether its requests were cancelled
 PROPOSERS_ENV = "DSPARK_PROPOSERS"  # the server's proposers for every speculating request ("dspark", "suffix",
-# "dspark,suffix"; spec_decode.proposers); unset: "dspark"
+# "dspark,suffix"; spec_decode.proposers); unset: spec_decode.policies.default_proposers per request
 FAULT_ENV = "DSPARK_SERVE_FAULTS"  # "draft" / "verify": every such pass raises; "draft:N": the first N do; "slow:MS":
 # every verify pass takes MS ms longer (tests that need a request to stay in flight)
 STOPPED, CANCELLED = "stopped", "cancelled"  # why _cancel ended a request (STOPPED is its finish_reason)
@@ -131,18 +131,22 @@ class FaultyBackend:
         return self._inner.verify(*args, **kwargs)
 
 
-def policy_config(params: GenerationParams, proposers: tuple[str, ...] = ("dspark",)) -> PolicyConfig:
-    """The loop's PolicyConfig for a request (fixed verifies max_k every round; `proposers`: the server's)."""
+def policy_config(params: GenerationParams, proposers: tuple[str, ...] | None = None) -> PolicyConfig:
+    """The loop's PolicyConfig for a request (fixed verifies max_k every round; `proposers`: the server's, None =
+    spec_decode.policies.default_proposers for this request)."""
+    if proposers is None:
+        proposers = default_proposers(params.temperature == 0)
     return PolicyConfig(policy=params.policy, k=params.max_k, min_k=params.min_k, max_k=params.max_k,
                         proposers=proposers)
 
 
-def proposers_from_env() -> tuple[str, ...]:
-    """The server's proposers from DSPARK_PROPOSERS (default "dspark"); InvalidArgumentError naming the valid
-    names for another value (the stub then fails to load, with that message in the server log)."""
+def proposers_from_env() -> tuple[str, ...] | None:
+    """The server's proposers from DSPARK_PROPOSERS (unset: None, each request gets
+    spec_decode.policies.default_proposers: both when greedy); InvalidArgumentError naming the valid names for
+    another value (the stub then fails to load, with that message in the server log)."""
     raw = os.environ.get(PROPOSERS_ENV, "").strip()
     if not raw:
-        return ("dspark",)
+        return None
     try:
         names = parse_proposers(raw)
     except InvalidArgumentError as exc:
@@ -153,7 +157,7 @@ def proposers_from_env() -> tuple[str, ...]:
 
 
 def to_loop_request(prompt_ids: tuple[int, ...], params: GenerationParams, eos_ids: tuple[int, ...],
-                    proposers: tuple[str, ...] = ("dspark",)) -> Request:
+                    proposers: tuple[str, ...] | None = None) -> Request:
     """A request validated by serve.validate → spec_decode.loop.Request (end_id, when given, replaces the model's eos
     ids). Validation already happened at the entry point; a failure here is answered as a RequestError anyway."""
     eos = (params.end_id,) if params.end_id is not None else tuple(eos_ids)
@@ -199,9 +203,9 @@ class InflightBatcher:
     """The central round loop: submit() from any thread; one worker thread runs the rounds."""
 
     def __init__(self, scheduler: RoundScheduler, metrics: ServeMetrics, max_queue: int,
-                 proposers: tuple[str, ...] = ("dspark",)) -> None:
+                 proposers: tuple[str, ...] | None = None) -> None:
         self.scheduler = scheduler
-        self.proposers = parse_proposers(proposers)
+        self.proposers = None if proposers is None else parse_proposers(proposers)
         self.metrics = metrics
         self.max_queue = max_queue
         self._incoming: deque[Job] = deque()

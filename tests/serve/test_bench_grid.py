@@ -99,7 +99,7 @@ def test_server_proposers_reach_every_request(reference, monkeypatch: pytest.Mon
     with pytest.raises(InvalidArgumentError, match=PROPOSERS_ENV):
         proposers_from_env()
     monkeypatch.delenv(PROPOSERS_ENV)
-    assert proposers_from_env() == ("dspark",)
+    assert proposers_from_env() is None  # unset: each request its default (both when greedy)
     params = GenerationParams(max_tokens=24, stream=True, policy="survival", min_k=1, max_k=GAMMA, return_stats=True)
     req = to_loop_request((1, 2, 3), params, (), ("dspark", "suffix"))
     assert req.policy.proposers == ("dspark", "suffix")
