@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from dspark_trt.errors import InvalidArgumentError
 
-__all__ = ["DEFAULT_PROPOSERS", "default_proposers", "POLICIES", "POLICY_ALIASES", "PROPOSERS", "resolve_policy_alias", "canonical_policy", "parse_proposers"]
+__all__ = ["DEFAULT_PROPOSERS", "default_proposers", "POLICIES", "POLICY_ALIASES", "PROPOSERS", "resolve_policy_alias",
+           "canonical_policy", "parse_proposers"]
 
 POLICIES: tuple[str, ...] = ("plain", "fixed", "confidence", "survival")
 POLICY_ALIASES: dict[str, str] = {"seed": "confidence"}
