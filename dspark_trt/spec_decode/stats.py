@@ -13,7 +13,8 @@ Definitions:
 - acceptance_per_position[j-1] = #rounds with accepted ≥ j / #rounds with k ≥ j (the survival curve).
 - first-token rejection rate = #rounds with k ≥ 1 and accepted = 0 / #rounds with k ≥ 1.
 - per proposer ("dspark", "suffix": `by_proposer`, "proposers" in the summary): the same counts over the rounds
-  whose verified tokens that proposer supplied.
+  whose verified tokens that proposer supplied, plus `proposed_tokens`: every token it offered (in each round it
+  proposed in, chosen or not; DSpark: the tokens drafted), so proposed ≥ drafted (verified) ≥ accepted.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class RoundRecord:
     committed: int  # tokens committed (accepted + 1, fewer if a stop condition cut the round)
     fallback: bool = False  # the drafter failed; the round ran as plain decoding (or on the suffix proposal)
     proposer: str = "dspark"  # who proposed the verified tokens: "dspark" | "suffix" | "none" (k = 0)
+    offered: tuple[tuple[str, int], ...] = ()  # (proposer, tokens it proposed this round) for each that proposed
 
     def as_dict(self) -> dict[str, float | int | str | None]:
         conf = round(self.conf, 4) if math.isfinite(self.conf) else None
@@ -41,10 +43,11 @@ class RoundRecord:
 
 @dataclass
 class ProposerStats:
-    """One proposer's share of a request's (or many requests') rounds: rounds it was verified in, tokens verified,
-    accepted (= committed draft tokens it supplied) and acceptance per position α_j."""
+    """One proposer's share of a request's (or many requests') rounds: tokens it offered, rounds it was verified in,
+    tokens verified, accepted (= committed draft tokens it supplied) and acceptance per position α_j."""
 
     rounds: int = 0
+    proposed_tokens: int = 0  # Σ tokens offered in every round it proposed in (chosen or not)
     drafted_tokens: int = 0  # Σ k of its rounds
     accepted_tokens: int = 0
     pos_verified: list[int] = field(default_factory=list)  # [j-1]: its rounds with k ≥ j
@@ -58,12 +61,14 @@ class ProposerStats:
 
     def add(self, other: "ProposerStats") -> None:
         self.rounds += other.rounds
+        self.proposed_tokens += other.proposed_tokens
         self.drafted_tokens += other.drafted_tokens
         self.accepted_tokens += other.accepted_tokens
         _add_positions(self.pos_verified, self.pos_accepted, other.pos_verified, other.pos_accepted)
 
     def summary(self) -> dict[str, object]:
-        return {"rounds": self.rounds, "drafted_tokens": self.drafted_tokens, "accepted_tokens": self.accepted_tokens,
+        return {"rounds": self.rounds, "proposed_tokens": self.proposed_tokens, "drafted_tokens": self.drafted_tokens,
+                "accepted_tokens": self.accepted_tokens,
                 "acceptance_rate": round(self.accepted_tokens / self.drafted_tokens, 4) if self.drafted_tokens else 0.0,
                 "acceptance_per_position": [round(a / v, 4) for a, v in zip(self.pos_accepted, self.pos_verified)]}
 
@@ -102,7 +107,8 @@ class SpecStats:
     pos_verified: list[int] = field(default_factory=list)  # [j-1]: rounds with k ≥ j
     pos_accepted: list[int] = field(default_factory=list)  # [j-1]: rounds with accepted ≥ j
     keep_rounds: bool = True  # False for long-lived aggregates (servers): counters only, no per-round log
-    by_proposer: dict[str, ProposerStats] = field(default_factory=dict)  # rounds with k ≥ 1, by RoundRecord.proposer
+    by_proposer: dict[str, ProposerStats] = field(default_factory=dict)  # rounds with k ≥ 1, by RoundRecord.proposer;
+    # a proposer that only offered tokens (never chosen) has an entry with rounds 0
 
     def record_round(self, rec: RoundRecord, drafted: bool, proposed: int) -> None:
         if self.keep_rounds:
@@ -110,6 +116,9 @@ class SpecStats:
         _count_positions(self.pos_verified, self.pos_accepted, rec.k, rec.accepted)
         if rec.k > 0:
             self.by_proposer.setdefault(rec.proposer, ProposerStats()).count(rec.k, rec.accepted)
+        for name, n in rec.offered:
+            if n > 0:
+                self.by_proposer.setdefault(name, ProposerStats()).proposed_tokens += n
         self.verify_calls += 1
         self.draft_calls += int(drafted)
         self.proposed_tokens += proposed

@@ -98,6 +98,9 @@ def test_generate_cli_json(tiny_pair, capsys) -> None:
         assert "suffix" in got["stats"]["proposers"] and {r["proposer"] for r in got["stats"]["rounds"]} >= {"suffix"}
         if proposers == "suffix":
             assert got["stats"]["draft_calls"] == 0
+        sfx = got["stats"]["proposers"]["suffix"]  # offered ≥ verified ≥ accepted, α_j per position
+        assert sfx["proposed_tokens"] >= sfx["drafted_tokens"] >= sfx["accepted_tokens"] > 0
+        assert 0 < len(sfx["acceptance_per_position"]) <= 4
         rc = main(["generate", "--prompt", prompt, "--max-new-tokens", "24", "--policy", "plain",
                    "--target", str(tiny_pair.target), "--dtype", "float32", "--json"])
         assert json.loads(capsys.readouterr().out)["token_ids"] == got["token_ids"]

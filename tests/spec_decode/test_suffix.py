@@ -285,3 +285,61 @@ def test_sampled_hybrid_rounds_mix_dspark_q_and_one_hot_q_and_reproduce(ref_back
     b, _ = run()
     assert a == b and all(len(t) == 30 for t in a.values())
     assert {"dspark", "suffix"} <= set(sched.totals.by_proposer), sched.totals.by_proposer
+
+
+def _rosenblatt(p: torch.Tensor, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """[N] u = P(tokens more likely than x) + v·p(x) under each row's distribution p [N, V] (ties by index): i.i.d.
+    uniform when each x is drawn from its p; near 0 when x is too often a likely token (an over-accepted draft)."""
+    order = torch.argsort(-p.double(), dim=-1, stable=True)  # [N, V] most likely first
+    rank = torch.argsort(order, dim=-1, stable=True).gather(1, x[:, None])  # [N, 1] x's place in that order
+    before = torch.cumsum(p.double().gather(1, order), -1) - p.double().gather(1, order)  # [N, V] mass before each
+    px = p.double().gather(1, x[:, None])[:, 0]
+    return before.gather(1, rank)[:, 0] + v * px
+
+
+@torch.no_grad()
+def test_sampled_suffix_dspark_and_hybrid_rows_keep_the_target_joint_distribution(ref_backend, tiny_models) -> None:
+    """Temperature > 0, three kinds of rows in the same batches — suffix alone (one-hot q), DSpark alone (the
+    drafter's q) and both (chosen per row) — verifying K = 2 drafts in their first round: the four generated tokens
+    (x1 from the prefill, then accepted / recovered / bonus tokens) follow the target's own sampling distribution,
+    jointly. Exact test, no marginals pooled: under the target's conditionals p_j(· | prompt, x_<j) the Rosenblatt
+    values u_j (_rosenblatt, auxiliary uniforms v) of every sample are i.i.d. uniform iff the law is the target's;
+    KS test on the 4n values of each kind. The suffix's own proposals (the target's argmax) fail it."""
+    target, prompt, temp, n = tiny_models["target"], [40, 41, 42], 1.5, 200  # n requests per kind
+    v = int(target.config.vocab_size)
+    seqs = torch.cat([torch.tensor(prompt).expand(v, -1), torch.arange(v).unsqueeze(1)], 1)  # [V, 4]
+    after = target(seqs).logits[:, -1].argmax(-1)  # [V]: the target's argmax after (prompt, x)
+    sp = SuffixProposer(SuffixConfig(min_match=1, max_match=1))
+    for x, w in enumerate(after.tolist()):  # every token has a continuation: the suffix proposes every round
+        sp.cross.add([x, w, int(after[w])])
+    be = ref_backend("draft", max_batch=8)
+    sched = RoundScheduler(be, LoopConfig(gamma=2, cost_table=TABLE), suffix=sp)
+    kinds = {"suffix": ("suffix",), "dspark": ("dspark",), "hybrid": HYBRID}
+    rid_kind: dict[int, str] = {}
+    for s in range(n):
+        for kind, props in kinds.items():  # interleaved: every batch mixes the kinds
+            rid = sched.add(Request(tuple(prompt), 4, SamplingParams(temperature=temp, seed=len(rid_kind)),
+                                    PolicyConfig(policy="fixed", k=2, proposers=props)))
+            rid_kind[rid] = kind
+    out: dict[int, list[int]] = {r: [] for r in rid_kind}
+    chosen: dict[str, set[str]] = {k: set() for k in kinds}
+    while sched.pending:
+        for ev in sched.step():
+            out[ev.request_id].extend(ev.new_tokens)
+            if ev.finished:
+                chosen[rid_kind[ev.request_id]] |= {p for p, ps in ev.stats.by_proposer.items() if ps.rounds}
+    assert chosen["suffix"] == {"suffix"} and chosen["dspark"] == {"dspark"} and chosen["hybrid"], chosen
+    assert all(len(sched.totals.by_proposer[p].pos_verified) == 2 for p in HYBRID)  # rounds of K = 2 for both
+    x = torch.tensor([out[r] for r in sorted(out)])  # [3n, 4]
+    kind_of = [rid_kind[r] for r in sorted(out)]
+    base = torch.tensor(prompt).expand(len(x), -1)
+    ps = [torch.softmax(target(torch.cat([base, x[:, :j]], 1)).logits[:, -1] / temp, -1)  # [3n, V] each
+          for j in range(x.shape[1])]
+    aux = torch.rand(len(x), x.shape[1], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    u = torch.stack([_rosenblatt(p, x[:, j], aux[:, j]) for j, p in enumerate(ps)], 1)  # [3n, 4]
+    for kind in kinds:
+        rows = torch.tensor([k == kind for k in kind_of])
+        pval = sstats.kstest(u[rows].reshape(-1).numpy(), "uniform").pvalue
+        assert pval > 1e-3, (kind, pval)
+    proposal = after[x[:, 0]]  # what the suffix proposed for x2: a sampler accepting it always is caught
+    assert sstats.kstest(_rosenblatt(ps[1], proposal, aux[:, 1]).numpy(), "uniform").pvalue < 1e-6
