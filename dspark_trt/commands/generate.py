@@ -36,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--proposers", type=parse_proposers, default=None,
                    help="who proposes drafts: dspark (the drafter's block), suffix (a match of the last "
                         "tokens in the prompt + output: needs no drafter) or dspark,suffix (chosen per round by "
-                        "expected tokens against the cost; the default for greedy requests, dspark when sampling)")
+                        "expected tokens against the cost; the default for greedy requests, dspark when "
+                        "sampling); with --url it is the request's `proposers` field (default: the server's)")
     p.add_argument("--k", type=int, default=_POL.k, help=f"verify length for --policy fixed (default {_POL.k})")
     p.add_argument("--gamma", type=int, default=None,
                    help=f"draft block size γ (default: the drafter's own, else {_LOOP.gamma})")
@@ -78,9 +79,6 @@ def _check(args: argparse.Namespace) -> None:
         raise InvalidArgumentError("--url talks to a running server: drop --build-dir/--target/--draft")
     if args.build_dir and (args.target or args.draft):
         raise InvalidArgumentError("--build-dir brings its own models: drop --target/--draft")
-    if args.url and args.proposers is not None:
-        raise InvalidArgumentError("--proposers applies to in-process generation; a server uses its build's "
-                                   "proposers: drop --proposers or --url")
     if args.stream and not args.url:
         raise InvalidArgumentError("--stream needs --url (in-process generation prints the whole result)")
     if args.proposers is None and not args.url:
@@ -101,7 +99,8 @@ def _remote(args: argparse.Namespace) -> dict[str, Any]:
     return generate_remote(args.url, args.prompt, max_tokens=args.max_new_tokens, protocol=args.protocol,
                            stream=args.stream, policy=args.policy, min_k=min_k, max_k=max_k,
                            temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                           apply_chat_template=args.chat or None, on_text=on_text if args.stream else None)
+                           apply_chat_template=args.chat or None, on_text=on_text if args.stream else None,
+                           proposers=None if args.proposers is None else ",".join(args.proposers))
 
 
 def _models(args: argparse.Namespace) -> tuple[Any, Any, Any, int | None]:

@@ -2,7 +2,11 @@
 
 Owns the metric names and what feeds them: acceptance rate and τ (running gauges), the K histogram, round batch
 size, fallback / cancelled / speculation-off counters, draft and verify latency histograms, active requests and
-queue depth. `ServeMetrics(pb_utils)` inside the `dspark` model; `ServeMetrics(None)` records into plain dicts.
+queue depth, and the counters per proposer (PROPOSER_COUNTERS, label proposer = "dspark" | "suffix": tokens each
+offered, verified and accepted, rounds it supplied; summed over proposers the verified and accepted ones equal
+dspark_drafted_tokens_total and dspark_accepted_tokens_total). `ServeMetrics(pb_utils)` inside the `dspark` model;
+`ServeMetrics(None)` records into plain dicts (a labelled counter under `labelled(name, proposer)`, the series
+name as Prometheus writes it without the model label: name{proposer="suffix"}).
 
 Every update lands in the in-memory twin at once; what goes to Triton is queued and sent by `flush()`. Each
 pb_utils metric call is a blocking round trip to the server process (0.05–0.2 ms measured here), and the round
@@ -17,6 +21,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
+
+from dspark_trt.spec_decode.policies import PROPOSERS  # torch-free
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +42,22 @@ COUNTERS = {
     "dspark_speculation_off_rounds_total": "Rounds run without speculation because the queue exceeded MAX_QUEUE",
     "dspark_errors_total": "Requests answered with an error",
 }
+# Labelled {model, proposer}, one series per name in spec_decode.policies.PROPOSERS (zero until it proposes).
+PROPOSER_COUNTERS = {
+    "dspark_proposed_tokens_total": "Draft tokens each proposer offered (every round it proposed in, chosen or not; "
+                                    "DSpark: tokens drafted)",
+    "dspark_proposer_drafted_tokens_total": "Draft tokens of each proposer verified by the target (sum of K of the "
+                                            "rounds it supplied)",
+    "dspark_proposer_accepted_tokens_total": "Draft tokens of each proposer accepted",
+    "dspark_proposer_rounds_total": "Per-request rounds whose verified drafts each proposer supplied",
+}
+
+
+def labelled(name: str, proposer: str) -> str:
+    """The in-memory key of one labelled series: name{proposer="..."}."""
+    return f'{name}{{proposer="{proposer}"}}'
+
+
 GAUGES = {
     "dspark_acceptance_rate": "Running acceptance rate: accepted / drafted tokens",
     "dspark_tau": "Running tau: committed tokens per target forward",
@@ -71,6 +93,9 @@ class ServeMetrics:
     def __post_init__(self) -> None:
         for name in COUNTERS:
             self.counters[name] = 0.0
+        for name in PROPOSER_COUNTERS:
+            for prop in PROPOSERS:
+                self.counters[labelled(name, prop)] = 0.0
         for name in GAUGES:
             self.gauges[name] = 0.0
         for name in HISTOGRAMS:
@@ -83,6 +108,11 @@ class ServeMetrics:
             f = fam(name=name, description=desc, kind=fam.COUNTER)
             self._families.append(f)
             self._metrics[name] = f.Metric(labels=labels)
+        for name, desc in PROPOSER_COUNTERS.items():
+            f = fam(name=name, description=desc, kind=fam.COUNTER)
+            self._families.append(f)
+            for prop in PROPOSERS:
+                self._metrics[labelled(name, prop)] = f.Metric(labels={**labels, "proposer": prop})
         for name, desc in GAUGES.items():
             f = fam(name=name, description=desc, kind=fam.GAUGE)
             self._families.append(f)
@@ -151,6 +181,16 @@ class ServeMetrics:
         if not speculate:
             self.inc("dspark_speculation_off_rounds_total")
         self._running_ratios()
+
+    def proposer_done(self, proposer: str, proposed: int, drafted: int, accepted: int, rounds: int) -> None:
+        """One proposer's share of a batched round (or several): tokens it offered, verified (Σ K) and accepted, and
+        the per-request rounds it supplied. An unknown proposer name is ignored (logged)."""
+        if labelled("dspark_proposed_tokens_total", proposer) not in self.counters:
+            log.warning("metrics: unknown proposer %r ignored", proposer)
+            return
+        values = (proposed, drafted, accepted, rounds)
+        for name, value in zip(PROPOSER_COUNTERS, values):  # the order PROPOSER_COUNTERS lists them in
+            self.inc(labelled(name, proposer), value)
 
     def prefill_done(self, n_requests: int, committed: int) -> None:
         self.inc("dspark_target_calls_total", n_requests)

@@ -18,8 +18,9 @@ The request limits stated in docs/serving.md (the "Limits" table) are these cons
 MAX_STOP_WORDS stop strings (OpenAI's 4) of at most MAX_STOP_CHARS characters each (MAX_STOP_TOKENS ids each as
 stop_words_ids), prompts of at most ServeConfig.max_prompt_tokens tokens, prompt + max_tokens ≤ ServeConfig.room.
 The limits themselves are spec_decode.limits' (request_room, check_room, check_token_ids — the checks the round
-loop's Request.check_fits asks too), the sampling rule spec_decode.sampling.check_sampling, the policy names
-spec_decode.policies'. Knows nothing of Triton or HTTP (plain values and numpy in, dataclasses out).
+loop's Request.check_fits asks too), the sampling rule spec_decode.sampling.check_sampling, the policy and proposer
+names spec_decode.policies' (`check_proposers`: the per-request `proposers` field, PROPOSER_VALUES). Knows nothing
+of Triton or HTTP (plain values and numpy in, dataclasses out).
 """
 from __future__ import annotations
 
@@ -33,17 +34,18 @@ import numpy as np
 from dspark_trt.errors import InvalidArgumentError, RequestError
 from dspark_trt.serve.config import ServeConfig
 from dspark_trt.spec_decode.limits import check_room, check_token_ids  # torch-free
-from dspark_trt.spec_decode.policies import POLICIES, resolve_policy_alias  # torch-free
+from dspark_trt.spec_decode.policies import POLICIES, parse_proposers, resolve_policy_alias  # torch-free
 from dspark_trt.spec_decode.sampling import check_sampling  # torch-free
 
 __all__ = ["CONTEXT_LENGTH_EXCEEDED", "GenerationParams", "KNOWN_INPUTS", "KNOWN_PARAMETERS", "MAX_STOP_CHARS",
-           "MAX_STOP_TOKENS", "MAX_STOP_WORDS", "OPENAI_NAMES", "check_generation", "check_prompt", "check_prompt_tokens",
-           "check_request_parameters", "check_stop_sequences", "check_stop_strings", "check_stop_words_ids",
-           "check_text", "decode_text", "parse_generation", "prompt_ids", "request_key", "single"]
+           "MAX_STOP_TOKENS", "MAX_STOP_WORDS", "NO_PROPOSERS", "OPENAI_NAMES", "PROPOSER_VALUES", "check_generation",
+           "check_prompt", "check_prompt_tokens", "check_proposers", "check_request_parameters",
+           "check_stop_sequences", "check_stop_strings", "check_stop_words_ids",
+           "check_text", "decode_text", "parse_generation", "prompt_ids", "proposers_text", "request_key", "single"]
 
 # Inputs of the ensemble (tensorrtllm_backend names + ours); anything else is unknown.
 KNOWN_INPUTS = ("text_input", "max_tokens", "stream", "temperature", "top_p", "random_seed", "stop_words", "end_id",
-                "policy", "min_k", "max_k", "return_stats", "stop", "apply_chat_template")
+                "policy", "min_k", "max_k", "return_stats", "stop", "apply_chat_template", "proposers")
 
 # Request parameters we accept: "id" = the request id over the HTTP generate endpoints (which pass unknown JSON
 # keys as parameters and have no request-id field); a `stop` request targets it.
@@ -55,6 +57,11 @@ MAX_STOP_CHARS = 256  # characters per stop string
 MAX_STOP_TOKENS = 4 * MAX_STOP_CHARS  # ids per stop sequence (stop_words_ids): a UTF-8 character is ≤ 4 byte tokens
 # The OpenAI frontend's names for the fields check_generation knows by their Triton tensor names.
 OPENAI_NAMES: Mapping[str, str] = {"random_seed": "seed"}
+# The per-request `proposers` field (Triton input / OpenAI extension): who may propose this request's drafts. Absent:
+# the server's (DSPARK_PROPOSERS). "none": no proposer, plain decoding (the policy becomes "plain"). The names may
+# come in any order ("suffix,dspark" = "dspark,suffix"); OpenAI bodies may send a list of them.
+NO_PROPOSERS = "none"
+PROPOSER_VALUES = ("dspark", "suffix", "dspark,suffix", NO_PROPOSERS)
 _ROOM_HINT = ", or rebuild with a larger --max-seq-len"
 
 
@@ -81,6 +88,7 @@ class GenerationParams:
     max_k: int = 8
     return_stats: bool = False
     stop_sequences: tuple[tuple[int, ...], ...] = ()
+    proposers: tuple[str, ...] | None = None  # None: the server's (DSPARK_PROPOSERS); (): "none" (policy "plain")
 
 
 def check_text(text: str, what: str = "text_input", param: str | None = None) -> str:
@@ -117,6 +125,35 @@ def check_request_parameters(params_json: str | Mapping[str, object] | None) -> 
     if unknown:
         raise RequestError(f"unknown parameter(s) {', '.join(map(repr, unknown))}; known inputs are "
                            f"{', '.join(KNOWN_INPUTS)}", unknown[0])
+
+
+# ---- proposers ----------------------------------------------------------------------------------------------
+def check_proposers(value: str | Sequence[str] | None, param: str = "proposers") -> tuple[str, ...] | None:
+    """The per-request proposers field → the proposer names in spec_decode.policies.PROPOSERS order (None: absent,
+    the server's default; (): "none"). A comma list ("dspark,suffix") or a list of names, case and spaces
+    ignored; RequestError naming the valid values (PROPOSER_VALUES) otherwise."""
+    if value is None:
+        return None
+    items = value.split(",") if isinstance(value, str) else [str(v) for v in value]
+    names = [n.strip().lower() for n in items if n.strip()]
+    if names == [NO_PROPOSERS]:
+        return ()
+    bad = NO_PROPOSERS in names or not names
+    if not bad:
+        try:
+            return parse_proposers(names)
+        except InvalidArgumentError:
+            bad = True
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:80] + "…"
+    raise RequestError(f"{param} must be one of {', '.join(repr(v) for v in PROPOSER_VALUES)} (who proposes this "
+                       f"request's drafts; omit it for the server's default), got {shown}", param)
+
+
+def proposers_text(proposers: tuple[str, ...] | None) -> str | None:
+    """check_proposers' result as the field's canonical text ("dspark,suffix", "none"; None: absent)."""
+    if proposers is None:
+        return None
+    return ",".join(proposers) if proposers else NO_PROPOSERS
 
 
 # ---- stop strings -------------------------------------------------------------------------------------------
@@ -218,12 +255,14 @@ def check_generation(prompt_len: int, cfg: ServeConfig, *, max_tokens: int | Non
                      policy: str | None = None, min_k: int | None = None, max_k: int | None = None,
                      stream: bool = False, return_stats: bool = False,
                      stop_sequences: tuple[tuple[int, ...], ...] = (),
+                     proposers: str | Sequence[str] | None = None,
                      names: Mapping[str, str] | None = None) -> GenerationParams:
     """One request's generation parameters against the build: max_tokens (required, ≥ 1, prompt + max_tokens within
     spec_decode.limits.request_room), temperature / top_p / seed (spec_decode.sampling.check_sampling), end_id,
-    policy, min_k / max_k, stop_sequences (check_stop_sequences). None = the build's default (cfg.policy, cfg.min_k, cfg.max_k; greedy). `names` maps the
-    Triton tensor names used here (max_tokens, temperature, top_p, random_seed, end_id, policy, min_k, max_k) to the
-    caller's own (OPENAI_NAMES), in the messages and in RequestError.param."""
+    policy, min_k / max_k, stop_sequences (check_stop_sequences), proposers (check_proposers; "none" makes the policy
+    "plain"). None = the build's default (cfg.policy, cfg.min_k, cfg.max_k; greedy; the server's proposers). `names`
+    maps the Triton tensor names used here (max_tokens, temperature, top_p, random_seed, end_id, policy, min_k, max_k,
+    proposers) to the caller's own (OPENAI_NAMES), in the messages and in RequestError.param."""
     n = _names(names)
     max_tokens = _check_length(prompt_len, max_tokens, cfg, n)
     temperature = 0.0 if temperature is None else float(temperature)
@@ -239,6 +278,9 @@ def check_generation(prompt_len: int, cfg: ServeConfig, *, max_tokens: int | Non
     if policy not in POLICIES:
         raise RequestError(f"{n['policy']} must be one of {', '.join(POLICIES)} (\"seed\" = \"confidence\"), got "
                            f"{policy!r}", n["policy"])
+    chosen = check_proposers(proposers, n["proposers"])
+    if chosen == ():  # "none": no proposer, plain decoding whatever the policy asked
+        policy = "plain"
     min_k = cfg.min_k if min_k is None else min_k
     max_k = cfg.max_k if max_k is None else max_k
     if not 0 <= min_k <= max_k <= cfg.gamma:
@@ -250,11 +292,12 @@ def check_generation(prompt_len: int, cfg: ServeConfig, *, max_tokens: int | Non
     stop_sequences = check_stop_sequences(stop_sequences, cfg)
     return GenerationParams(max_tokens=max_tokens, stream=stream, temperature=temperature, top_p=top_p, seed=seed,
                             end_id=end_id, policy=policy, min_k=min_k, max_k=max_k, return_stats=return_stats,
-                            stop_sequences=stop_sequences)
+                            stop_sequences=stop_sequences, proposers=chosen)
 
 
 def _names(names: Mapping[str, str] | None) -> dict[str, str]:
-    n = {k: k for k in ("max_tokens", "temperature", "top_p", "random_seed", "end_id", "policy", "min_k", "max_k")}
+    n = {k: k for k in ("max_tokens", "temperature", "top_p", "random_seed", "end_id", "policy", "min_k", "max_k",
+                        "proposers")}
     n.update(names or {})
     return n
 
@@ -325,7 +368,9 @@ def parse_generation(inputs: Mapping[str, np.ndarray | None], prompt_len: int, c
     end_id = _int(inputs, "end_id")
     raw_policy = single(inputs, "policy")
     policy = None if raw_policy is None else decode_text(raw_policy, "policy")
+    raw_proposers = single(inputs, "proposers")
+    proposers = None if raw_proposers is None else decode_text(raw_proposers, "proposers")
     return check_generation(prompt_len, cfg, max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                             end_id=end_id, policy=policy, min_k=_int(inputs, "min_k"), max_k=_int(inputs, "max_k"),
                             stream=_flag(inputs, "stream"), return_stats=_flag(inputs, "return_stats"),
-                            stop_sequences=stop_sequences)
+                            stop_sequences=stop_sequences, proposers=proposers)

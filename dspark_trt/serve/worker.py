@@ -19,7 +19,8 @@ Owns: Job / ResponseSink (what execute() hands over), `to_loop_request` (a valid
 Request), `latency_observer` (draft/verify latency and drafter-failure counts into ServeMetrics, for either
 executor), `serving_backend` (the backend wrapped with spec_decode.stats.TimedBackend reporting to that observer,
 plus optional fault injection for tests), InflightBatcher (which turns RoundScheduler.speculate off while the queue
-is deeper than MAX_QUEUE; its requests propose with the server's proposers, DSPARK_PROPOSERS). Knows nothing of
+is deeper than MAX_QUEUE; a request proposes with its own `proposers` field, else the server's, DSPARK_PROPOSERS;
+the counters per proposer go to ServeMetrics.proposer_done). Knows nothing of
 pb_utils: the stub passes a ResponseSink and a ServeMetrics.
 
 Cancellation: one path. Every way a client ends a running request early goes through `InflightBatcher._cancel`,
@@ -92,6 +93,7 @@ class Job:
     n_rounds_seen: int = 0  # len(stats.rounds) at the previous event
     batch_sizes: list[int] = field(default_factory=list)
     spec_off_rounds: int = 0
+    allowed: tuple[str, ...] = ()  # who may propose its drafts, once admitted (() under the plain policy / "none")
     t_submit: float = field(default_factory=time.monotonic)
     t_first: float | None = None
 
@@ -132,9 +134,12 @@ class FaultyBackend:
 
 
 def policy_config(params: GenerationParams, proposers: tuple[str, ...] | None = None) -> PolicyConfig:
-    """The loop's PolicyConfig for a request (fixed verifies max_k every round; `proposers`: the server's, None =
-    spec_decode.policies.default_proposers for this request)."""
-    if proposers is None:
+    """The loop's PolicyConfig for a request (fixed verifies max_k every round): the request's own proposers
+    (params.proposers, its `proposers` field; "none" came as () with policy "plain", serve.validate), else
+    `proposers`, the server's, else (None) spec_decode.policies.default_proposers for this request."""
+    if params.proposers:
+        proposers = params.proposers
+    elif proposers is None:
         proposers = default_proposers(params.temperature == 0)
     return PolicyConfig(policy=params.policy, k=params.max_k, min_k=params.min_k, max_k=params.max_k,
                         proposers=proposers)
@@ -186,6 +191,18 @@ def serving_backend(inner: Any, metrics: ServeMetrics, faults: str = "") -> Time
     return TimedBackend(FaultyBackend(inner, faults) if faults else inner, latency_observer(metrics))
 
 
+def _count_proposers(acc: dict[str, list[int]], records: Sequence[Any]) -> None:
+    """Add rounds (spec_decode.stats.RoundRecord) into name → [offered, verified (Σ K), accepted, rounds]."""
+    for r in records:
+        for name, n in r.offered:
+            acc.setdefault(name, [0, 0, 0, 0])[0] += n
+        if r.k > 0:
+            row = acc.setdefault(r.proposer, [0, 0, 0, 0])
+            row[1] += r.k
+            row[2] += r.accepted
+            row[3] += 1
+
+
 def _stats_payload(job: Job, ev: RoundEvent | None) -> dict[str, object]:
     out: dict[str, object] = dict(ev.stats.summary(with_rounds=True)) if ev is not None else {}
     out["k_per_round"] = [r["k"] for r in out.get("rounds", [])]  # type: ignore[union-attr]
@@ -194,6 +211,7 @@ def _stats_payload(job: Job, ev: RoundEvent | None) -> dict[str, object]:
     out["batch"] = {"mean": round(sum(bs) / len(bs), 3), "max": max(bs), "rounds": len(job.batch_sizes)}
     out["batch_per_round"] = list(job.batch_sizes)  # rows in each of its rounds, aligned with k_per_round
     out["speculation_off_rounds"] = job.spec_off_rounds
+    out["proposers_allowed"] = list(job.allowed)  # its field, else the server's default; [] = none (plain)
     out["time_to_first_token_ms"] = round(1e3 * ((job.t_first or time.monotonic()) - job.t_submit), 2)
     out["latency_ms"] = round(1e3 * (time.monotonic() - job.t_submit), 2)
     return out
@@ -295,7 +313,9 @@ class InflightBatcher:
 
     def _admit(self, job: Job) -> None:
         try:
-            job.rid = self.scheduler.add(to_loop_request(job.prompt_ids, job.params, job.eos_ids, self.proposers))
+            req = to_loop_request(job.prompt_ids, job.params, job.eos_ids, self.proposers)
+            job.allowed = tuple(p for p in req.policy.proposers if req.policy.uses(p))
+            job.rid = self.scheduler.add(req)
         except Exception as exc:  # noqa: BLE001 - InvalidArgumentError/RequestError carry the fix
             job.sink.error(str(exc))
             self.metrics.inc("dspark_errors_total")
@@ -358,6 +378,7 @@ class InflightBatcher:
         ks: list[int] = []
         accepted = committed = prefilled = prefill_tokens = finished = 0
         ready: list[tuple[Job, RoundEvent]] = []
+        by_proposer: dict[str, list[int]] = {}  # name → [offered, verified, accepted, rounds] in this step
         for ev in events:
             job = self._jobs.get(ev.request_id)
             if job is None:
@@ -367,6 +388,7 @@ class InflightBatcher:
             round_tokens = sum(r.committed for r in new_records)
             if new_records:
                 ks.extend(r.k for r in new_records)
+                _count_proposers(by_proposer, new_records)
                 accepted += sum(r.accepted for r in new_records)
                 committed += round_tokens
                 job.batch_sizes.append(batch)
@@ -380,6 +402,8 @@ class InflightBatcher:
         self.metrics.set("dspark_active_requests", self.scheduler.active)
         if ks:
             self.metrics.round_done(len(ks), ks, accepted, committed, speculate)
+        for name, (offered, verified, acc, rounds) in by_proposer.items():
+            self.metrics.proposer_done(name, offered, verified, acc, rounds)
         if prefilled:
             self.metrics.prefill_done(prefilled, prefill_tokens)
         if finished:

@@ -48,13 +48,14 @@ class GenerationRequest:
     apply_chat_template: bool | None = None
     return_stats: bool = True
     stop: bool = False
+    proposers: str | None = None  # "dspark" | "suffix" | "dspark,suffix" | "none" (serve.validate.check_proposers)
 
     def fields(self) -> dict[str, Any]:
         """Input name → value, optional ones only when set (names as in the ensemble's config.pbtxt)."""
         out: dict[str, Any] = {"text_input": self.prompt, "max_tokens": int(self.max_tokens),
                                "stream": bool(self.stream), "return_stats": bool(self.return_stats)}
         for name in ("temperature", "top_p", "random_seed", "end_id", "policy", "min_k", "max_k",
-                     "apply_chat_template"):
+                     "apply_chat_template", "proposers"):
             v = getattr(self, name)
             if v is not None:
                 out[name] = v
@@ -67,7 +68,8 @@ class GenerationRequest:
 
 INPUT_TYPES = {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "temperature": "FP32", "top_p": "FP32",
            "random_seed": "UINT64", "stop_words": "BYTES", "end_id": "INT32", "policy": "BYTES", "min_k": "INT32",
-           "max_k": "INT32", "return_stats": "BOOL", "apply_chat_template": "BOOL", "stop": "BOOL"}
+           "max_k": "INT32", "return_stats": "BOOL", "apply_chat_template": "BOOL", "stop": "BOOL",
+           "proposers": "BYTES"}
 _NP = {"BYTES": np.object_, "INT32": np.int32, "BOOL": np.bool_, "FP32": np.float32, "UINT64": np.uint64}
 
 
@@ -239,18 +241,21 @@ def generate_remote(url: str, prompt: str, max_tokens: int = 64, protocol: str =
                     temperature: float | None = None, top_p: float | None = None, seed: int | None = None,
                     stop_words: tuple[str, ...] | list[str] = (), end_id: int | None = None,
                     apply_chat_template: bool | None = None, model: str | None = None, timeout: float = 600.0,
-                    on_text: Callable[[str], None] | None = None, request_id: str | None = None) -> dict[str, Any]:
+                    on_text: Callable[[str], None] | None = None, request_id: str | None = None,
+                    proposers: str | None = None) -> dict[str, Any]:
     """Generate through a running server's ensemble → {"text", "token_ids", "finish_reason", "stats"}.
 
     url is HOST:PORT (the HTTP port for protocol "http", the gRPC port for "grpc"); model defaults to `ensemble`
     (one response) or, with stream, `ensemble_stream`; on_text receives each streamed piece of text as it
-    arrives; request_id (default: a fresh uuid) is what stop_remote() targets.
+    arrives; request_id (default: a fresh uuid) is what stop_remote() targets; proposers: who proposes this
+    request's drafts ("dspark", "suffix", "dspark,suffix", "none"; None = the server's DSPARK_PROPOSERS).
     """
     if protocol not in ("http", "grpc"):
         raise RequestError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
     req = GenerationRequest(prompt=prompt, max_tokens=max_tokens, stream=stream, temperature=temperature,
                             top_p=top_p, random_seed=seed, stop_words=tuple(stop_words), end_id=end_id,
-                            policy=policy, min_k=min_k, max_k=max_k, apply_chat_template=apply_chat_template)
+                            policy=policy, min_k=min_k, max_k=max_k, apply_chat_template=apply_chat_template,
+                            proposers=proposers)
     fn = _http if protocol == "http" else _grpc
     name = model or (STREAM_MODEL if stream else MODEL)
     return fn(url, req, name, timeout, on_text, request_id or uuid.uuid4().hex)

@@ -46,7 +46,7 @@ from dspark_trt.serve.openai.config import OpenAIConfig
 from dspark_trt.serve.openai.limits import BodyLimitMiddleware
 from dspark_trt.serve.openai.protocol import (ChatCompletionRequest, CompletionRequest, OpenAIError, StreamText,
                                               bad, finish_reason, http_error, validation_error)
-from dspark_trt.serve.validate import OPENAI_NAMES, check_generation, check_prompt
+from dspark_trt.serve.validate import OPENAI_NAMES, check_generation, check_prompt, proposers_text
 
 log = logging.getLogger(__name__)
 
@@ -194,13 +194,15 @@ class Frontend:
         left = cfg.room - len(ids)
         max_tokens = asked if asked is not None else (left if chat else min(self.config.default_max_tokens, left))
         temperature = self.config.default_temperature if body.temperature is None else body.temperature
-        check_generation(len(ids), cfg, max_tokens=max_tokens, temperature=temperature, top_p=body.top_p,
-                         seed=body.seed, policy=body.policy, min_k=body.min_k, max_k=body.max_k, names=OPENAI_NAMES)
+        params = check_generation(len(ids), cfg, max_tokens=max_tokens, temperature=temperature, top_p=body.top_p,
+                                  seed=body.seed, policy=body.policy, min_k=body.min_k, max_k=body.max_k,
+                                  proposers=body.proposers, names=OPENAI_NAMES)
         stops = body.stop_strings()
         # stop strings are matched on the text as it arrives, so the backend streams to let them cut early
         gen = GenerationRequest(prompt="", max_tokens=max_tokens, stream=body.stream or bool(stops),
                                 temperature=temperature, top_p=body.top_p, random_seed=body.seed, policy=body.policy,
-                                min_k=body.min_k, max_k=body.max_k, return_stats=body.return_stats)
+                                min_k=body.min_k, max_k=body.max_k, return_stats=body.return_stats,
+                                proposers=proposers_text(params.proposers))
         return _Job("chat" if chat else "completion", ids, gen, stops,
                     bool(body.stream_options and body.stream_options.include_usage), body.return_stats)
 

@@ -136,7 +136,7 @@ class StreamOptions(BaseModel):
 
 
 class _Common(BaseModel):
-    """Fields both endpoints share, plus the DSpark extensions (policy, min_k, max_k, return_stats)."""
+    """Fields both endpoints share, plus the DSpark extensions (policy, min_k, max_k, return_stats, proposers)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -158,6 +158,9 @@ class _Common(BaseModel):
     min_k: int | None = Field(None, ge=0)
     max_k: int | None = Field(None, ge=0)
     return_stats: bool = False
+    # who proposes the drafts: "dspark" | "suffix" | "dspark,suffix" | "none" (or a list of names); absent: the
+    # server's. Checked by serve.validate.check_proposers in Frontend.prepare (the one validator).
+    proposers: str | list[str] | None = None
 
     def stop_strings(self) -> tuple[str, ...]:
         """`stop` as a tuple, checked by serve.validate.check_stop_strings (a RequestError: 400 naming `stop`)."""

@@ -29,7 +29,7 @@ log = logging.getLogger("dspark_trt.serve")
 DSPARK_MODEL = "dspark"
 STREAM_MODEL = "ensemble_stream"
 FORWARDED = ("input_ids", "max_tokens", "temperature", "top_p", "random_seed", "stop_words_ids", "end_id", "policy",
-             "min_k", "max_k", "return_stats", "stop")
+             "min_k", "max_k", "return_stats", "stop", "proposers")
 OUTPUTS = ("text_output", "output_ids", "finish_reason", "stats")
 
 

@@ -30,7 +30,7 @@ log = logging.getLogger("dspark_trt.serve")
 __all__ = ["DsparkModel", "GEN_INPUTS"]
 
 GEN_INPUTS = ("max_tokens", "stream", "temperature", "top_p", "random_seed", "end_id", "policy", "min_k", "max_k",
-              "return_stats")
+              "return_stats", "proposers")
 
 
 class DsparkModel(StubModel):
