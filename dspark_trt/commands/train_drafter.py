@@ -40,6 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="on-policy phase: roll the greedy loop over training sequences every N steps and train on its "
                         "anchors, weighted by what the loop reaches (0 = supervised only)")
     p.add_argument("--onpolicy-start", type=int, default=0, help="first step of the on-policy phase")
+    p.add_argument("--onpolicy-start-frac", type=float, default=0.0,
+                   help="…and not before this share of the run is done (steps, or minutes under a time budget)")
     p.add_argument("--onpolicy-frac", type=float, default=0.5, help="share of on-policy batches (rest: replay)")
     p.add_argument("--reject-weight", type=float, default=2.0, help="loss weight of a block's first rejected slot")
     p.add_argument("--max-tokens", type=int, default=D.max_tokens, help="corpus token budget for feature caching")
@@ -104,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
                               max_minutes=args.max_minutes, max_steps=args.max_steps, max_tokens=args.max_tokens,
                               train_tokens=args.train_tokens,
                               onpolicy=OnPolicyConfig(every=args.onpolicy_every, start=args.onpolicy_start,
+                                                      start_frac=args.onpolicy_start_frac,
                                                       frac=args.onpolicy_frac, reject_weight=args.reject_weight),
                               lr=args.lr, batch_seqs=args.batch_seqs, anchors=args.anchors, seed=args.seed,
                               threads=args.threads)

@@ -23,28 +23,41 @@ from dspark_trt.spec_decode.stats import SpecStats, TimedBackend
 log = logging.getLogger(__name__)
 
 
+def _device(target) -> torch.device:  # noqa: ANN001
+    return next(target.parameters()).device
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
 def plain_greedy(target, prompt: Sequence[int], max_new: int, eos: Sequence[int]) -> list[int]:  # noqa: ANN001
+    dev = _device(target)
     cache = target.new_cache(1, len(prompt) + max_new + 2)
-    s = torch.tensor([0])
-    logits = target(torch.tensor([list(prompt)]), cache, s, logits="last").logits[0, -1]
+    s = torch.tensor([0], device=dev)
+    logits = target(torch.tensor([list(prompt)], device=dev), cache, s, logits="last").logits[0, -1]
     out: list[int] = []
     while True:
         t = int(logits.argmax())
         out.append(t)
         if t in eos or len(out) >= max_new:
             return out
-        logits = target(torch.tensor([[t]]), cache, s, logits="last").logits[0, -1]
+        logits = target(torch.tensor([[t]], device=dev), cache, s, logits="last").logits[0, -1]
 
 
 def decode_step_ms(target, ctx: int = 256, n: int = 8) -> float:  # noqa: ANN001
     """Mean wall time of one single-token target decode step at context ctx."""
+    dev = _device(target)
     cache = target.new_cache(1, ctx + n + 1)
-    s = torch.tensor([0])
-    target(torch.randint(10, int(target.config.vocab_size), (1, ctx)), cache, s, logits="none")
+    s = torch.tensor([0], device=dev)
+    target(torch.randint(10, int(target.config.vocab_size), (1, ctx), device=dev), cache, s, logits="none")
     times = []
     for _ in range(n):
+        _sync(dev)
         t = time.perf_counter()
-        target(torch.tensor([[5]]), cache, s, logits="last")
+        target(torch.tensor([[5]], device=dev), cache, s, logits="last")
+        _sync(dev)
         times.append(time.perf_counter() - t)
     return 1000 * sorted(times)[len(times) // 2]
 
@@ -91,6 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--n-prompts", type=int, default=0, help="0 = all held-out prompts")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--device", default="cpu", help="where target and drafter run (cuda on a GPU host)")
     p.add_argument("--json", type=Path, default=None)
     p.add_argument("--draft-head", choices=("int8", "model"), default="int8",
                    help="the drafter's head on the native CPU path: int8 rows (default) or the model dtype")
@@ -103,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dspark_trt.train.prompts import HELD_OUT_PROMPTS
 
     dt = getattr(torch, a.dtype)
-    target = load_hf_checkpoint(a.target, dtype=dt)
+    target = load_hf_checkpoint(a.target, dtype=dt).to(a.device)
     drafter = load_drafter(a.drafter, target, dtype=dt, target_dir=a.target)
     if hasattr(drafter, "model") and hasattr(drafter.model, "int8_head"):
         drafter.model.int8_head = a.draft_head == "int8"
@@ -114,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompts = [(k, chat_prompt_ids(tok, t)) for k, t in sel]
     eos = [int(tok.eos_token_id)]
     res = measure(target, drafter, prompts, [int(g) for g in a.gammas.split(",")], a.max_new, eos)
-    res.update({"prompts": len(prompts), "max_new_tokens": a.max_new, "dtype": a.dtype, "threads": a.threads,
+    res.update({"prompts": len(prompts), "max_new_tokens": a.max_new, "dtype": a.dtype, "threads": a.threads, "device": a.device,
                 "draft_head": a.draft_head})
     text = json.dumps(res, indent=2)
     if a.json:

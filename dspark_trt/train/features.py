@@ -32,10 +32,16 @@ class HFTarget:
             model.model.layers[i].register_forward_hook(self._hook(i))
 
     @classmethod
-    def load(cls, target_dir: Path, layer_ids: Sequence[int], dtype: torch.dtype = torch.bfloat16) -> "HFTarget":
+    def load(cls, target_dir: Path, layer_ids: Sequence[int], dtype: torch.dtype = torch.bfloat16,
+             device: str | torch.device = "cpu") -> "HFTarget":
+        """device: where the teacher runs ("cuda" on a GPU host: cache_features then reduces its logits there)."""
         from transformers import AutoModelForCausalLM
 
-        return cls(AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype), layer_ids)
+        return cls(AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype).to(device), layer_ids)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
 
     def _hook(self, i: int):  # noqa: ANN202
         def fn(_mod: torch.nn.Module, _inp: object, out: object) -> None:
@@ -44,8 +50,9 @@ class HFTarget:
 
     @torch.no_grad()
     def run(self, ids: torch.Tensor, attn: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids [B, T] → (features [B, T, F] model dtype, logits [B, T, V] float32)."""
-        out = self.model(input_ids=ids, attention_mask=attn, use_cache=False)
+        """ids [B, T] → (features [B, T, F] model dtype, logits [B, T, V] float32), on the model's device."""
+        dev = self.device
+        out = self.model(input_ids=ids.to(dev), attention_mask=None if attn is None else attn.to(dev), use_cache=False)
         feats = torch.cat([self._taps[i] for i in self.layer_ids], dim=-1)
         return feats, out.logits.float()
 
@@ -116,9 +123,10 @@ class FeatureStore:
 
 def cache_features(target: HFTarget, sequences: Sequence[Sequence[int]], starts: Sequence[int], out: Path,
                    topk: int = 16, max_len: int = 512, batch_tokens: int = 2048,
-                   max_minutes: float = 0.0) -> FeatureStore:
+                   max_minutes: float = 0.0, max_rows: int = 64) -> FeatureStore:
     """Run the target over sequences (cut to max_len) once; write a FeatureStore under out.
-    With max_minutes > 0, stop when the budget is spent and keep the sequences done so far."""
+    With max_minutes > 0, stop when the budget is spent and keep the sequences done so far. The top-k reduction
+    runs where the teacher's logits are (a CUDA teacher moves only features and top-k to the host)."""
     import time
 
     t0 = time.time()
@@ -143,7 +151,7 @@ def cache_features(target: HFTarget, sequences: Sequence[Sequence[int]], starts:
             break
         group = [order[j]]
         width = len(seqs[order[j]])
-        while j + len(group) < len(order) and len(group) < 64:
+        while j + len(group) < len(order) and len(group) < max_rows:
             w = max(width, len(seqs[order[j + len(group)]]))
             if w * (len(group) + 1) > batch_tokens:
                 break
@@ -162,8 +170,9 @@ def cache_features(target: HFTarget, sequences: Sequence[Sequence[int]], starts:
             top = logits.topk(topk, dim=-1)  # [b, T, k]
             mx = top.values[..., :1]  # [b, T, 1] the maximum: logsumexp = mx + log Σ exp(x − mx), in place
             lse = mx + logits.sub_(mx).exp_().sum(-1, keepdim=True).log_()  # [b, T, 1] (2× torch.logsumexp here)
-        top = torch.return_types.topk((top.values - lse, top.indices))
+        top = torch.return_types.topk(((top.values - lse).cpu(), top.indices.cpu()))  # [b, T, k] each
         del logits
+        f = f.cpu()  # [b, T, F]
         for r, i in enumerate(group):
             a, n = int(offsets[j + r]), len(seqs[i])
             tokens[a:a + n] = seqs[i]

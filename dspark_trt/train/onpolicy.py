@@ -29,14 +29,16 @@ log = logging.getLogger(__name__)
 class OnPolicyConfig:
     every: int = 0  # refresh the rollout every this many steps (0 = supervised only)
     start: int = 0  # the first step that may draw on-policy batches
+    start_frac: float = 0.0  # …and the share of the run (steps, or minutes under a time budget) done before it
     seqs: int = 64  # training sequences rolled out per refresh
     frac: float = 0.5  # share of the steps that train on an on-policy batch (the rest: supervised replay)
     reject_weight: float = 2.0  # loss weight of the first rejected position of a block
 
     def __post_init__(self) -> None:
-        if self.every < 0 or self.seqs < 1 or not 0.0 <= self.frac <= 1.0 or self.reject_weight < 0:
+        if (self.every < 0 or self.seqs < 1 or not 0.0 <= self.frac <= 1.0 or self.reject_weight < 0
+                or not 0.0 <= self.start_frac < 1.0):
             raise InvalidArgumentError(f"on-policy settings need every ≥ 0, seqs ≥ 1, 0 ≤ frac ≤ 1 and "
-                                       f"reject_weight ≥ 0, got {self}. Fix: e.g. --onpolicy-every 200 "
+                                       f"reject_weight ≥ 0, 0 ≤ start_frac < 1, got {self}. Fix: e.g. --onpolicy-every 200 "
                                        f"--onpolicy-frac 0.5 --reject-weight 2.")
 
 

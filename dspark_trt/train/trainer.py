@@ -211,6 +211,7 @@ def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_
     paths: list = []
     bar = tqdm(total=total or None, initial=step, desc="train", unit="step")
     ema = None
+    op_start: int | None = None
     best_tau, best_step, best_state = -1.0, -1, None
     while True:
         now = time.time()
@@ -224,7 +225,10 @@ def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_
         for g in opt.param_groups:
             g["lr"] = _lr(cfg, step, total or 10**9)
         op = cfg.onpolicy
-        if op.every and step >= op.start and (step - op.start) % op.every == 0:  # roll the loop with these weights
+        if op.every and op_start is None and step >= op.start and \
+                (step / total if total else (now - t0) / budget) >= op.start_frac:
+            op_start = step  # the on-policy phase begins: the share of the run before it is done
+        if op_start is not None and (step - op_start) % op.every == 0:  # roll the loop with these weights
             r = np.random.default_rng([cfg.seed, step, 1])
             paths = rollout(model, stores, [train_refs[j] for j in r.integers(0, len(train_refs), size=op.seqs)],
                             cfg.gamma, cfg.max_len, cfg.autocast_bf16)
