@@ -101,15 +101,18 @@ def corpus(paths: list[Path], work: Path, records: int) -> dict[str, Any]:
     return {"value": outs, "records": n}
 
 
-def pick_store(work: Path, need: int) -> Path:
-    """A folder with room for the feature store: /dev/shm (RAM) when it has it, else the work disk."""
+def pick_store(work: Path, per_token: int, n_tok: int) -> tuple[Path, int]:
+    """The folder with the most room for the feature store (/dev/shm, RAM, or the work disk) and how many tokens
+    fit there (all of them, or what 90% of its free space holds)."""
+    best, free = work, -1
     for d in (Path("/dev/shm"), work):
         try:
-            if shutil.disk_usage(d).free > need * 1.1:
-                return d / "dspark_teacher"
+            f = shutil.disk_usage(d).free
         except OSError:
             continue
-    raise RuntimeError(f"no folder has {need / 1e9:.1f} GB free for the feature store")
+        if f > free:
+            best, free = d, f
+    return best / "dspark_teacher", min(n_tok, int(0.9 * free / per_token))
 
 
 def teacher(target: Path, jsonls: list[Path], work: Path) -> dict[str, Any]:
@@ -127,7 +130,16 @@ def teacher(target: Path, jsonls: list[Path], work: Path) -> dict[str, Any]:
     n_tok = sum(len(s) for s in seqs)
     taps = default_layer_ids(int(json.loads((target / "config.json").read_text())["num_hidden_layers"]))
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    store = pick_store(work, n_tok * (len(taps) * 576 * 2 + 16 * 6 + 4))
+    per_token = len(taps) * int(json.loads((target / "config.json").read_text())["hidden_size"]) * 2 + cfg.topk * 6 + 4
+    store, fits = pick_store(work, per_token, n_tok)
+    kept = n_tok
+    if fits < n_tok:  # keep whole sequences, in corpus order, up to what fits
+        acc, keep = 0, 0
+        while keep < len(seqs) and acc + len(seqs[keep]) <= fits:
+            acc += len(seqs[keep])
+            keep += 1
+        seqs, starts, kept = seqs[:keep], starts[:keep], acc
+        log.warning("feature store: room for %d of %d tokens in %s", kept, n_tok, store.parent)
     # bf16 on the GPU; fp32 on a CPU (a smoke run: CPUs without AVX-512 BF16 have no fast bf16 products)
     t = HFTarget.load(target, taps, dtype=torch.bfloat16 if dev == "cuda" else torch.float32, device=dev)
     t0 = time.monotonic()
@@ -137,8 +149,8 @@ def teacher(target: Path, jsonls: list[Path], work: Path) -> dict[str, Any]:
     del t
     if dev == "cuda":
         torch.cuda.empty_cache()
-    return {"value": store, "tokens": n_tok, "sequences": len(seqs), "taps": list(taps), "store": str(store),
-            "tok_per_s": round(n_tok / max(dt, 1e-9)), "device": dev}
+    return {"value": store, "tokens": n_tok, "tokens_kept": kept, "sequences": len(seqs), "taps": list(taps), "store": str(store),
+            "tok_per_s": round(kept / max(dt, 1e-9)), "device": dev}
 
 
 def _train_cmd(name: str, target: Path, jsonls: list[Path], runs: Path, minutes_per_mtok: float,
