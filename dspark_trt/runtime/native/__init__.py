@@ -159,6 +159,26 @@ def build_dir(build: str | None = None) -> Path:
     return _cache_root() / f"dspark_native_{b.name}_{tag}"
 
 
+@contextlib.contextmanager
+def _one_ninja() -> Iterator[None]:
+    """Build with the `ninja` package's binary (a dependency of this project) whatever PATH says. Two ninja versions
+    hash a command differently in `.ninja_log`, so each takes the other's outputs for stale: a CLI with the
+    system's ninja 1.11 first on PATH and a Triton stub with the venv's 1.13 first rebuilt one cache directory in
+    turn, 1–2 minutes every time (measured on a 2-core Zen 3)."""
+    try:
+        import ninja  # the PyPI package: its BIN_DIR holds the binary torch's cpp_extension then finds first
+        bindir = str(ninja.BIN_DIR)
+    except (ImportError, AttributeError):
+        yield
+        return
+    old = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([bindir] + [p for p in old.split(os.pathsep) if p and p != bindir])
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = old
+
+
 def _compile(b: Build) -> ModuleType:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         raise RuntimeError(f"needs x86-64 (this is {platform.machine()})")
@@ -185,9 +205,10 @@ def _compile(b: Build) -> ModuleType:
             dst.parent.mkdir(parents=True, exist_ok=True)
             if not dst.exists() or dst.read_bytes() != (HERE / f).read_bytes():
                 dst.write_bytes((HERE / f).read_bytes())
-        ext = cpp_extension.load(name=name, sources=[str(src_dir / f) for f in b.sources],
-                                 extra_cflags=COMMON_FLAGS + list(b.flags), extra_include_paths=[str(src_dir)],
-                                 extra_ldflags=["-fopenmp"], build_directory=str(root), verbose=False)
+        with _one_ninja():
+            ext = cpp_extension.load(name=name, sources=[str(src_dir / f) for f in b.sources],
+                                     extra_cflags=COMMON_FLAGS + list(b.flags), extra_include_paths=[str(src_dir)],
+                                     extra_ldflags=["-fopenmp"], build_directory=str(root), verbose=False)
     log.info("native build %s (%s) ready in %.1f s (%s)", name, ext.build_info(), time.perf_counter() - t0, root)
     _prune(root, b.name)
     return ext
