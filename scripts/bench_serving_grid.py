@@ -10,10 +10,14 @@ round by the batch size of that round (the `stats` of each request: k_per_round,
 is compared with the same prompt's single-stream answer (plain policy, one request at a time, through the same
 server, before the grid); mismatches are counted and the first differences reported; exit status 1 on any
 mismatch or error. Policies: plain, fixed3 (fixed K = 3), fixedg (fixed K = γ), confidence, survival, and
-survival+suffix (survival on a second server started with DSPARK_PROPOSERS=dspark,suffix; --repo only: the
-proposers are a server setting, not a request field). Cells run level by level, each policy in turn, so machine
-load drifts hit every policy alike. Results: grid.json, grid.md (the tables, the machine, commit and load
-average) and grid.png (throughput vs concurrency per policy; ITL vs throughput) under --out.
+survival+suffix. Every row names its proposers in each request (the `proposers` input, serve.validate
+check_proposers), so all rows run on one server, started here with --repo or named with --url: plain none (the
+plain policy proposes nothing), the four K-policy rows "dspark" (DSpark alone, as their names say: a greedy
+request naming none would get both by default), survival+suffix "dspark,suffix". Each cell also reports the
+proposers its requests were allowed (stats proposers_allowed) and the rounds / offered tokens per proposer (stats
+proposers). Cells run level by level, each policy in turn, so machine load drifts hit every policy alike.
+Results: grid.json, grid.md (the tables, the machine, commit and load average) and grid.png (throughput vs
+concurrency per policy; ITL vs throughput) under --out.
 
   .venv/bin/python scripts/bench_serving.py --grid --quick --repo build/default/model_repo           # ~2 min
   .venv/bin/python scripts/bench_serving.py --grid --repo build/default/model_repo \\
@@ -46,6 +50,7 @@ log = logging.getLogger("bench_serving_grid")
 
 MODEL = "ensemble_stream"
 HYBRID = "survival+suffix"
+DSPARK, BOTH = "dspark", "dspark,suffix"  # the rows' `proposers` fields: DSpark alone, DSpark block + suffix match
 POLICY_NAMES = ("plain", "fixed3", "fixedg", "confidence", "survival", HYBRID)
 QUICK = {"concurrency": [1, 4], "policies": ["plain", "survival"], "requests_per_cell": 2, "max_tokens": 32,
          "long_tokens": 256}
@@ -69,13 +74,13 @@ class Job:
 
 @dataclass(frozen=True)
 class PolicySpec:
-    """A grid row: the request's policy inputs and the server it runs on ("hybrid": DSPARK_PROPOSERS=dspark,suffix)."""
+    """A grid row: the request's policy inputs, its proposers among them (the `proposers` field; None: not sent)."""
 
     name: str
     policy: str
     min_k: int | None = None
     max_k: int | None = None
-    server: str = "main"
+    proposers: str | None = None  # "dspark" | "dspark,suffix" (serve.validate.check_proposers); None for plain
 
 
 @dataclass
@@ -95,10 +100,11 @@ class Sample:
 def policy_specs(names: Sequence[str], gamma: int, min_k: int) -> list[PolicySpec]:
     """Grid rows for `names` (POLICY_NAMES) on a build with draft block γ and default MIN_K."""
     table = {"plain": PolicySpec("plain", "plain"),
-             "fixed3": PolicySpec("fixed3", "fixed", min(min_k, 3), min(3, gamma)),
-             "fixedg": PolicySpec("fixedg", "fixed", min(min_k, gamma), gamma),
-             "confidence": PolicySpec("confidence", "confidence"), "survival": PolicySpec("survival", "survival"),
-             HYBRID: PolicySpec(HYBRID, "survival", server="hybrid")}
+             "fixed3": PolicySpec("fixed3", "fixed", min(min_k, 3), min(3, gamma), proposers=DSPARK),
+             "fixedg": PolicySpec("fixedg", "fixed", min(min_k, gamma), gamma, proposers=DSPARK),
+             "confidence": PolicySpec("confidence", "confidence", proposers=DSPARK),
+             "survival": PolicySpec("survival", "survival", proposers=DSPARK),
+             HYBRID: PolicySpec(HYBRID, "survival", proposers=BOTH)}
     bad = [n for n in names if n not in table]
     if bad:
         raise InvalidArgumentError(f"--policies: unknown {bad}; choose from {', '.join(POLICY_NAMES)}")
@@ -177,7 +183,7 @@ class StreamClient:
 
         req = GenerationRequest(prompt=job.prompt, max_tokens=job.max_tokens, stream=True, policy=spec.policy,
                                 min_k=spec.min_k, max_k=spec.max_k, apply_chat_template=job.chat,
-                                return_stats=True, temperature=0.0)
+                                return_stats=True, temperature=0.0, proposers=spec.proposers)
         outputs = [self.grpc.InferRequestedOutput("output_ids"), self.grpc.InferRequestedOutput("stats")]
         s = Sample(index)
         s.t_send = last = time.monotonic()
@@ -279,7 +285,15 @@ def summarize_cell(samples: list[Sample], wall: float, refs: dict[int, list[int]
     k_by_batch: dict[str, list[float]] = {}
     ks: list[int] = []
     taus = []
+    allowed: set[str] = set()
+    by_proposer: dict[str, dict[str, int]] = {}
     for s in good:
+        if "proposers_allowed" in s.stats:
+            allowed.add(",".join(s.stats["proposers_allowed"]) or "none")
+        for name, ps in s.stats.get("proposers", {}).items():
+            acc_p = by_proposer.setdefault(name, {"rounds": 0, "proposed_tokens": 0, "accepted_tokens": 0})
+            for key in acc_p:
+                acc_p[key] += int(ps.get(key, 0))
         k_rounds = s.stats.get("k_per_round", [])
         b_rounds = s.stats.get("batch_per_round", [])
         ks.extend(k_rounds)
@@ -303,6 +317,7 @@ def summarize_cell(samples: list[Sample], wall: float, refs: dict[int, list[int]
             "itl_ms": {"p50": ms(pct(itl, 50)), "p99": ms(pct(itl, 99))},
             "mean_k": round(sum(ks) / len(ks), 3) if ks else 0.0, "rounds": len(ks),
             "tau": round(sum(taus) / len(taus), 3) if taus else 0.0,
+            "proposers_allowed": sorted(allowed), "by_proposer": dict(sorted(by_proposer.items())),
             "k_by_batch": {b: {"mean_k": round(v[0] / v[1], 3), "rounds": int(v[1])}
                            for b, v in sorted(k_by_batch.items(), key=lambda kv: int(kv[0].split("-")[0]))},
             "first_errors": sorted({s.error or "" for s in samples if s.error})[:3], "first_wrong": first_wrong}
@@ -324,16 +339,17 @@ def reference_answers(url: str, jobs: list[Job], needed: set[int], timeout: floa
         client.close()
 
 
-def run_grid(urls: dict[str, str], specs: list[PolicySpec], levels: list[int], requests: int, jobs: list[Job],
+def run_grid(url: str, specs: list[PolicySpec], levels: list[int], requests: int, jobs: list[Job],
              timeout: float) -> dict[str, Any]:
-    """The references, then every (concurrency, policy) cell, level by level, policies in turn."""
+    """The references, then every (concurrency, policy) cell, level by level, policies in turn, all through the
+    server at `url` (each row's proposers travel in its requests)."""
     needed = {i for c in levels for plan in cell_jobs(c, requests, len(jobs)) for i in plan}
-    log.info("reference: %d prompts alone through %s", len(needed), urls["main"])
-    refs = reference_answers(urls["main"], jobs, needed, timeout)
+    log.info("reference: %d prompts alone through %s", len(needed), url)
+    refs = reference_answers(url, jobs, needed, timeout)
     cells: list[dict[str, Any]] = []
     for c in levels:
         for spec in specs:
-            samples, wall = run_cell(urls[spec.server], jobs, spec, c, requests, timeout)
+            samples, wall = run_cell(url, jobs, spec, c, requests, timeout)
             cell = dict(policy=spec.name, concurrency=c, **summarize_cell(samples, wall, refs, jobs))
             log.info("c=%d %s: %.1f tok/s, TTFT p50 %s ms, ITL p50 %s ms, mean K %.2f, wrong %d, errors %d", c,
                      spec.name, cell["tok_s"], cell["ttft_ms"]["p50"], cell["itl_ms"]["p50"], cell["mean_k"],
@@ -347,10 +363,9 @@ def run_grid(urls: dict[str, str], specs: list[PolicySpec], levels: list[int], r
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--repo", type=Path, help="model repository (build/NAME/model_repo): start its servers here")
-    where.add_argument("--url", help="gRPC HOST:PORT of a running server (the survival+suffix row is then skipped "
-                                     "unless --hybrid-url names a server started with DSPARK_PROPOSERS=dspark,suffix)")
-    p.add_argument("--hybrid-url", default=None, help="with --url: the server for the survival+suffix row")
+    where.add_argument("--repo", type=Path, help="model repository (build/NAME/model_repo): start its server here")
+    where.add_argument("--url", help="gRPC HOST:PORT of a running server (every row; each request names its "
+                                     "proposers, so the server's DSPARK_PROPOSERS does not matter)")
     p.add_argument("--quick", action="store_true", help=f"a ~2-minute smoke grid: {QUICK} (flags given override)")
     p.add_argument("--concurrency", type=int, nargs="+", default=None, help="client counts (default 1 2 4 8 16 32 64)")
     p.add_argument("--policies", nargs="+", default=None, help=f"rows, of {' '.join(POLICY_NAMES)} (default all)")
@@ -358,7 +373,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=None, help="max_tokens of every request (default 128)")
     p.add_argument("--long-tokens", type=int, default=None,
                    help="tokens of a long code context (default 1024, clipped to the build's room)")
-    p.add_argument("--threads", default=None, help="with --repo: the servers' DSPARK_THREADS (default: auto)")
+    p.add_argument("--threads", default=None, help="with --repo: the server's DSPARK_THREADS (default: auto)")
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--out", type=Path, default=None, help="results folder (default runs/bench_serving/<UTC stamp>)")
     p.add_argument("--no-plot", action="store_true", help="skip grid.png (no matplotlib needed)")
@@ -388,36 +403,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     load_before = os.getloadavg()
     t_start = time.monotonic()
-    servers: list[Any] = []
-    urls: dict[str, str] = {}
-    names = list(args.policies)
-    notes: list[str] = []
+    server: Any = None
     try:
         if args.repo is not None:
             env = dict(os.environ, **({"DSPARK_THREADS": str(args.threads)} if args.threads else {}))
-            servers.append(TritonServer(args.repo, env=env).start())
-            urls["main"] = servers[0].grpc_url
-            if HYBRID in names:
-                servers.append(TritonServer(args.repo, env=dict(env, DSPARK_PROPOSERS="dspark,suffix")).start())
-                urls["hybrid"] = servers[-1].grpc_url
+            server = TritonServer(args.repo, env=env).start()
+            url = server.grpc_url
         else:
-            urls["main"] = args.url
-            if args.hybrid_url:
-                urls["hybrid"] = args.hybrid_url
-            elif HYBRID in names:
-                names.remove(HYBRID)
-                notes.append(f"{HYBRID} skipped: --url without --hybrid-url (proposers are a server setting: start "
-                             "one with DSPARK_PROPOSERS=dspark,suffix)")
-        cfg = serve_config(urls["main"])
-        specs = policy_specs(names, cfg.gamma, cfg.min_k)
+            url = args.url
+        cfg = serve_config(url)
+        specs = policy_specs(args.policies, cfg.gamma, cfg.min_k)
         jobs = make_jobs(load_tokenizer(cfg.build / "tokenizer"), cfg.room, args.max_tokens, args.long_tokens)
         log.info("grid: concurrency %s × %s, %d request(s)/client/cell, max_tokens %d, γ %d, %d KV slots",
                  args.concurrency, [s.name for s in specs], args.requests_per_cell, args.max_tokens, cfg.gamma,
                  cfg.max_batch)
-        result = run_grid(urls, specs, args.concurrency, args.requests_per_cell, jobs, args.request_timeout)
+        result = run_grid(url, specs, args.concurrency, args.requests_per_cell, jobs, args.request_timeout)
     finally:
-        for srv in servers:
-            srv.stop()
+        if server is not None:
+            server.stop()
     result["setup"] = {"repo": str(args.repo or args.url), "gamma": cfg.gamma, "kv_slots": cfg.max_batch,
                        "max_seq_len": cfg.max_seq_len, "max_queue": cfg.max_queue, "threads": args.threads or "auto",
                        "requests_per_cell": args.requests_per_cell, "max_tokens": args.max_tokens,
@@ -425,7 +428,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "policies": [asdict(s) for s in specs], "quick": args.quick,
                        "load_before": [round(x, 2) for x in load_before],
                        "load_after": [round(x, 2) for x in os.getloadavg()],
-                       "wall_s": round(time.monotonic() - t_start, 1), "notes": notes}
+                       "wall_s": round(time.monotonic() - t_start, 1)}
     out = args.out or Path("runs/bench_serving") / time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     text = write_outputs(result, out, plot_png=not args.no_plot)
     sys.stdout.write(text)

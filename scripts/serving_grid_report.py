@@ -90,6 +90,9 @@ def markdown(result: dict[str, Any]) -> str:
              f"code of ≤ {st['long_tokens']} tokens · greedy · gRPC streaming through ensemble_stream · "
              f"{st['wall_s']} s in all", ""]
     lines += [f"Note: {n}" for n in st.get("notes", [])]
+    if st.get("policies"):  # each row's `proposers` field (sent in every request of the row; plain sends none)
+        lines += ["Proposers per request: " + " · ".join(f"{r['name']} {r.get('proposers') or '(not sent)'}"
+                                                        for r in st["policies"]), ""]
     lines += ["| policy | concurrency | output tok/s | × plain | req/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | "
               "mean K | τ | requests (chat/code) | wrong | errors |", "|" + "---|" * 12]
     for x in sorted(cells, key=lambda x: (x["concurrency"], x["policy"])):

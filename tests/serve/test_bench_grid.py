@@ -1,7 +1,8 @@
 """scripts/bench_serving_grid.py (the policy × concurrency grid under load, issue #23): a small grid through the real
 tritonserver on the tiny build (mixed chat + long code prompts; every cell's answers equal their single-stream
-answers, K per round paired with the round's batch size, the report and plot written), the mismatch check on its
-own, and the server-wide proposers (DSPARK_PROPOSERS) the survival+suffix row runs on, through the worker."""
+answers, K per round paired with the round's batch size, each row's per-request proposers in its stats, the report
+and plot written), the mismatch check on its own, and the rows' `proposers` fields through the worker: DSpark alone
+and hybrid requests in one batch on a server whose DSPARK_PROPOSERS is unset."""
 from __future__ import annotations
 
 import sys
@@ -11,7 +12,7 @@ import pytest
 
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.serve.metrics import ServeMetrics
-from dspark_trt.serve.validate import GenerationParams
+from dspark_trt.serve.validate import GenerationParams, check_proposers
 from dspark_trt.serve.worker import PROPOSERS_ENV, InflightBatcher, Job, proposers_from_env, serving_backend, \
     to_loop_request
 from dspark_trt.spec_decode.loop import LoopConfig, RoundScheduler
@@ -33,7 +34,10 @@ def _jobs(reference, max_tokens: int) -> list:  # noqa: ANN001
 def test_policy_rows_and_job_mix(reference) -> None:  # noqa: ANN001
     specs = {s.name: s for s in grid.policy_specs(grid.POLICY_NAMES, gamma=GAMMA, min_k=2)}
     assert (specs["fixed3"].policy, specs["fixed3"].max_k, specs["fixedg"].max_k) == ("fixed", 3, GAMMA)
-    assert specs["survival+suffix"].server == "hybrid" and specs["plain"].server == "main"
+    assert specs["plain"].proposers is None  # the plain policy proposes nothing: no field sent
+    assert all(specs[n].proposers == "dspark" for n in ("fixed3", "fixedg", "confidence", "survival"))
+    assert (specs["survival+suffix"].policy, specs["survival+suffix"].proposers) == ("survival", "dspark,suffix")
+    assert all(check_proposers(s.proposers) is not None for n, s in specs.items() if n != "plain")  # valid fields
     with pytest.raises(InvalidArgumentError, match="unknown"):
         grid.policy_specs(["fixed9"], GAMMA, 2)
     jobs = _jobs(reference, 16)
@@ -73,55 +77,76 @@ def _setup() -> dict:
 @pytest.mark.triton
 def test_small_grid_through_triton(server, reference, tmp_path: Path) -> None:  # noqa: ANN001
     jobs = _jobs(reference, 12)
-    specs = grid.policy_specs(["plain", "fixed3", "survival"], gamma=GAMMA, min_k=1)
-    result = grid.run_grid({"main": server.grpc_url}, specs, [1, 3], 1, jobs, timeout=300.0)
+    specs = grid.policy_specs(["plain", "fixed3", "survival", "survival+suffix"], gamma=GAMMA, min_k=1)
+    result = grid.run_grid(server.grpc_url, specs, [1, 3], 1, jobs, timeout=300.0)  # every row on one server
     cells = {(c["policy"], c["concurrency"]): c for c in result["cells"]}
-    assert len(cells) == 6
+    assert len(cells) == 8
     for key, c in cells.items():
         assert c["errors"] == 0 and c["wrong"] == 0 and c["ok"] == key[1], (key, c["first_errors"], c["first_wrong"])
         assert c["tokens"] > 0 and c["ttft_ms"]["p50"] is not None and c["rounds"] > 0
         assert sum(b["rounds"] for b in c["k_by_batch"].values()) == c["rounds"]  # every round has its batch size
     assert all(cells[("plain", c)]["mean_k"] == 0 for c in (1, 3))
     assert all(0 < cells[("fixed3", c)]["mean_k"] <= 3 for c in (1, 3))
+    # each row's proposers travel in its requests: DSpark alone where named so (not the greedy default, both),
+    # both on the hybrid row, none under plain, whatever the server's DSPARK_PROPOSERS
+    for c in (1, 3):
+        assert cells[("plain", c)]["proposers_allowed"] == ["none"] and not cells[("plain", c)]["by_proposer"]
+        for pol in ("fixed3", "survival"):
+            assert cells[(pol, c)]["proposers_allowed"] == ["dspark"], (pol, c)
+            assert set(cells[(pol, c)]["by_proposer"]) <= {"dspark"}, (pol, c, cells[(pol, c)]["by_proposer"])
+        assert cells[("fixed3", c)]["by_proposer"]["dspark"]["rounds"] > 0
+        assert cells[("survival+suffix", c)]["proposers_allowed"] == ["dspark,suffix"]
+        assert set(cells[("survival+suffix", c)]["by_proposer"]) <= {"dspark", "suffix"}
+    # the suffix match offers drafts on the hybrid row (code prompts repeat; earlier cells' outputs are indexed)
+    assert any("suffix" in cells[("survival+suffix", c)]["by_proposer"] for c in (1, 3))
     # the references are the server's own answers alone, and equal in-process plain generation
     code = [i for i in map(int, result["references"]) if not jobs[i].chat]
     assert code and all(result["references"][str(i)] == reference(jobs[i].prompt, 12) for i in code)
     result["setup"] = _setup()
     text = report.write_outputs(result, tmp_path)
-    assert "PASS: every answer under load equals its single-stream answer (12 equal, 0 different, 0 errors)" in text
+    assert "PASS: every answer under load equals its single-stream answer (16 equal, 0 different, 0 errors)" in text
     assert (tmp_path / "grid.png").read_bytes()[:4] == b"\x89PNG" and (tmp_path / "grid.json").is_file()
 
 
-def test_server_proposers_reach_every_request(reference, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+def test_server_proposers_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(PROPOSERS_ENV, "suffix,dspark")
     assert proposers_from_env() == ("dspark", "suffix")
     monkeypatch.setenv(PROPOSERS_ENV, "ngram")
     with pytest.raises(InvalidArgumentError, match=PROPOSERS_ENV):
         proposers_from_env()
     monkeypatch.delenv(PROPOSERS_ENV)
-    assert proposers_from_env() is None  # unset: each request its default (both when greedy)
-    params = GenerationParams(max_tokens=24, stream=True, policy="survival", min_k=1, max_k=GAMMA, return_stats=True)
-    req = to_loop_request((1, 2, 3), params, (), ("dspark", "suffix"))
-    assert req.policy.proposers == ("dspark", "suffix")
+    assert proposers_from_env() is None  # unset: each request its field, else its default (both when greedy)
+
+
+def test_row_proposers_per_request_in_one_batch(reference) -> None:  # noqa: ANN001
+    """The survival and survival+suffix rows' fields, in one batch on a batcher with no server proposers (the grid's
+    one server, DSPARK_PROPOSERS unset): each request proposes with its own field, and its stats say so."""
+    specs = {s.name: s for s in grid.policy_specs(["survival", "survival+suffix"], gamma=GAMMA, min_k=1)}
+    rows = {name: GenerationParams(max_tokens=24, stream=True, policy=spec.policy, min_k=1, max_k=GAMMA,
+                                   return_stats=True, proposers=check_proposers(spec.proposers))
+            for name, spec in specs.items()}
+    assert to_loop_request((1, 2, 3), rows["survival"], ()).policy.proposers == ("dspark",)  # not the default, both
+    assert to_loop_request((1, 2, 3), rows["survival+suffix"], ()).policy.proposers == ("dspark", "suffix")
 
     from dspark_trt.runtime.backend import SpecBackend
 
     metrics = ServeMetrics(None, gamma=GAMMA)
-    backend = serving_backend(SpecBackend(reference.pair.target, reference.pair.drafter, max_batch=2,
+    backend = serving_backend(SpecBackend(reference.pair.target, reference.pair.drafter, max_batch=4,
                                           max_seq=MAX_SEQ_LEN), metrics)
-    batcher = InflightBatcher(RoundScheduler(backend, LoopConfig(gamma=GAMMA)), metrics, 64,
-                              proposers=("dspark", "suffix")).start()
+    batcher = InflightBatcher(RoundScheduler(backend, LoopConfig(gamma=GAMMA)), metrics, 64, proposers=None).start()
     prompt = "ab ab ab ab ab ab ab ab"  # repeats: the suffix match proposes
-    sinks = [Sink(), Sink()]
-    for s in sinks:
-        batcher.submit(Job(tuple(reference.ids(prompt)), params, s, reference.eos))
-    for s in sinks:
-        assert s.done.wait(300)
+    sinks = {(name, n): Sink() for name in rows for n in range(2)}
+    for (name, _), sink in sinks.items():
+        batcher.submit(Job(tuple(reference.ids(prompt)), rows[name], sink, reference.eos))
+    for sink in sinks.values():
+        assert sink.done.wait(300)
     batcher.stop()
-    for s in sinks:
-        assert s.err is None and s.ids == reference(prompt, 24)
-        assert len(s.stats["batch_per_round"]) == len(s.stats["k_per_round"]) > 0
-    assert any("suffix" in s.stats["proposers"] for s in sinks)
+    for (name, _), sink in sinks.items():
+        assert sink.err is None and sink.ids == reference(prompt, 24), name
+        assert len(sink.stats["batch_per_round"]) == len(sink.stats["k_per_round"]) > 0
+        assert sink.stats["proposers_allowed"] == specs[name].proposers.split(","), name
+        assert set(sink.stats["proposers"]) <= set(sink.stats["proposers_allowed"]), name
+    assert any("suffix" in s.stats["proposers"] for (name, _), s in sinks.items() if name == "survival+suffix")
 
 
 def test_aiperf_dataset_export(tmp_path: Path) -> None:
