@@ -8,6 +8,7 @@ errors, requests/s, tokens/s, TTFT and inter-token latency p50/p99) and the leak
 no process of the server's group, no /dev/shm region it mapped, no dspark_triton_* run directory left).
 With --repo it starts and stops its own server; with --url it drives a running one and, given --wait-stop,
 waits for it to stop before checking. Exit 0 only when every answer was right, nothing failed, nothing leaked.
+`--faults` (with --repo) runs commands.load_faults instead: faults injected under load, each measured.
 """
 from __future__ import annotations
 
@@ -56,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "check it left nothing behind (default 0 = no leak check)")
     p.add_argument("--threads", default=None, help="with --repo: the server's --threads (default: auto)")
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    from dspark_trt.commands.load_faults import add_fault_arguments  # noqa: PLC0415
+
+    add_fault_arguments(p)
 
 
 @dataclass
@@ -117,8 +121,10 @@ class StreamClient:
         self.client.start_stream(callback=lambda result, error: self.q.put((result, error, time.monotonic())))
 
     def close(self) -> None:
+        """Close the stream, cancelling what is still in flight on it (after a timeout or on a broken server a plain
+        stop_stream() waits for the server to end the stream, which may be never)."""
         try:
-            self.client.stop_stream()
+            self.client.stop_stream(cancel_requests=True)
         finally:
             self.client.close()
 
@@ -272,6 +278,10 @@ def run(args: argparse.Namespace) -> int:
     from dspark_trt.serve.server import TritonServer, find_server, footprint, leftovers  # noqa: PLC0415
 
     _check_args(args)
+    if getattr(args, "faults", None) is not None:
+        from dspark_trt.commands.load_faults import run_faults  # noqa: PLC0415
+
+        return run_faults(args)
     prompts = load_prompts(args.prompts)
     jobs = _jobs(prompts, args.max_tokens)
     server = None

@@ -2,6 +2,9 @@
 built model repository, wait until it is ready, keep it running until SIGINT/SIGTERM, then stop it cleanly
 (no stub processes, no /dev/shm regions left). Lifecycle lives in dspark_trt.serve.server. With --openai-port,
 the OpenAI-compatible API (dspark_trt.serve.openai) runs next to it, in this process, on the server's gRPC port.
+While it runs, serve.supervisor.Supervisor watches it (--on-fault): a python stub that died, a tritonserver that
+exited or crashed → restart on the same ports (default), or stop and exit with an error ("exit"), or nothing
+("off": a tritonserver that exits still ends the command).
 """
 from __future__ import annotations
 
@@ -41,6 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", default=None, metavar="N|auto",
                         help="torch threads of the dspark model (default: $DSPARK_THREADS, else auto = the fastest "
                              "of 1 / half / all CPUs, measured at startup)")
+    parser.add_argument("--on-fault", choices=("restart", "exit", "off"), default="restart",
+                        help="when a python stub dies or tritonserver exits or crashes: restart it on the same ports "
+                             "(default), stop it and exit with an error, or do nothing (docs/serving.md, Faults)")
     parser.add_argument("--openai-port", type=int, default=None,
                         help="also serve the OpenAI-compatible API (/v1/completions, /v1/chat/completions) on this "
                              "port, 0 = any free (default: off)")
@@ -51,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dspark_trt.serve.server import TritonServer  # noqa: PLC0415
+    from dspark_trt.serve.supervisor import Supervisor  # noqa: PLC0415
 
     repo = Path(args.repo)
     if not (repo / "ensemble" / "config.pbtxt").exists():
@@ -67,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     frontend = None
+    supervisor = None
     env = None
     if args.threads is not None:
         from dspark_trt.serve.tuning import THREADS_ENV, parse_threads  # noqa: PLC0415
@@ -79,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
                           keep_logs=args.keep_logs, env=env)
     try:
         server.start()
+        if args.on_fault != "off":
+            supervisor = Supervisor(server, action=args.on_fault).start()
         openai = ""
         if args.openai_port is not None:
             from dspark_trt.commands.openai import config_from_args  # noqa: PLC0415
@@ -95,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(f"READY http={server.http_url} grpc={server.grpc_url} metrics={server.metrics_url}{openai}\n")
         sys.stdout.flush()
         while not stop.wait(1.0):
+            if supervisor is not None:
+                if supervisor.failed:
+                    raise ServeError(f"tritonserver stopped: {supervisor.failed}")
+                continue
             code = server.exit_code()
             if code is not None:
                 raise ServeError(f"tritonserver exited unexpectedly (code {code}); log tail:\n{server.log_tail()}")
@@ -104,7 +118,10 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if frontend is not None:
             frontend.stop()
-        server.stop()
+        if supervisor is not None:
+            supervisor.close()
+        else:
+            server.stop()
         for s, h in old.items():
             signal.signal(s, h)
     log.info("tritonserver stopped")

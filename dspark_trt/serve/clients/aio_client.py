@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator
 import numpy as np
 
 from dspark_trt.errors import RequestError, ServeError
-from dspark_trt.serve.clients.client import GenerationRequest, infer_inputs
+from dspark_trt.serve.clients.client import SERVER_FAULTS, GenerationRequest, infer_inputs
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def _status_error(exc: Exception, url: str) -> Exception:
 
 def _model_error(message: str) -> Exception:
     """An error response of the model → RequestError (bad input) or ServeError (server side)."""
-    if "internal error" in message or "shutting down" in message or "unloaded" in message:
+    if any(m in message for m in SERVER_FAULTS):
         return ServeError(f"server error: {message}")
     return RequestError(message)
 

@@ -8,7 +8,7 @@ docs/serving.md says why there are two).
 Owns the request encoding (tensorrtllm_backend tensor names + ours: GenerationRequest, `infer_inputs`, shared
 with serve.clients.aio_client and `dspark-trt load`), the response decoding and `stop_remote` (the `stop` input, one
 of the two entry points of the stub's cancellation path; see serve.worker). Errors: the server's error message
-comes back as RequestError (bad input) or ServeError (unreachable / failed server).
+comes back as RequestError (bad input) or ServeError (unreachable / failed server, a dead stub: SERVER_FAULTS).
 """
 from __future__ import annotations
 
@@ -108,8 +108,15 @@ class _Result:
                 "stats": self.stats}
 
 
+# What an error of a failed server (not of the request) says: our models' own markers
+# (serve.triton.stub.SERVER_SIDE_MARKERS) and Triton's for a dead python stub or a server that went away mid-request
+# (docs/serving.md, Faults).
+SERVER_FAULTS = ("internal error", "shutting down", "unloaded", "generation failed", "is not healthy",
+                 "Socket closed", "Stream removed", "failed to connect", "Connection reset")
+
+
 def _raise(message: str, status: int | None = None) -> None:
-    if status is not None and status >= 500 and "internal error" in message:
+    if any(m in message for m in SERVER_FAULTS):
         raise ServeError(f"server error: {message}")
     raise RequestError(message)
 

@@ -3,11 +3,11 @@ needs before any model code runs, and the tensor / error plumbing all models sha
 
 Owns `StubModel`, the base of every TritonPythonModel class here (dspark_trt/model_repo*/*/1/model.py subclass a
 model of this package and set `pb = triton_python_backend_utils`, which is importable only inside the stub, hence
-passed in): initialize() sets up logging, the UTF-8 locale and the fast-exit hook, and parses the model's
-config.pbtxt parameters into serve.config.ServeConfig; `_get` reads an optional input; `error_response` turns an
-exception into an error response (a RequestError → INVALID_ARG, another DsparkError → INTERNAL with its message,
-anything else is logged and answered as an internal error — never a crashed stub); `bytes_tensor` builds a BYTES
-output. No model logic here.
+passed in): initialize() sets up logging, the UTF-8 locale, the fast-exit hook and the parent watch (the stub exits
+when its tritonserver is gone), and parses the model's config.pbtxt parameters into serve.config.ServeConfig; `_get`
+reads an optional input; `error_response` turns an exception into an error response (a RequestError → INVALID_ARG,
+another DsparkError → INTERNAL with its message, anything else is logged and answered as an internal error — never
+a crashed stub); `bytes_tensor` builds a BYTES output. No model logic here.
 """
 from __future__ import annotations
 
@@ -17,6 +17,9 @@ import locale
 import logging
 import os
 import sys
+import threading
+import time
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -59,13 +62,41 @@ def _fast_exit() -> None:
     """Last atexit hook of the stub: skip CPython's module teardown, which takes seconds with torch loaded
     (measured 2–9 s per stub here) and made every server stop run into --exit-timeout-secs. It runs after
     the stub has finalized the model and answered the server, so nothing is lost; shm belongs to the server."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    _fast_exit_code(0)
 
 
 _EXIT_HOOKED: list[bool] = []
+PARENT_POLL_S = 0.5
+
+
+def _watch_parent() -> None:
+    """Exit this stub at once when its tritonserver is gone (SIGKILL, a crash, the OOM killer). The stub's own check
+    (every 300 ms) then calls exit(1), which tears the stub down under the interpreter and never returned in the
+    `dspark` stub while its round thread ran (measured on 2.51: the stub stayed, holding the model's memory, until
+    something killed it). Only inside a stub: the parent must be a tritonserver."""
+    parent = os.getppid()
+    try:
+        argv0 = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")[0]
+    except OSError:
+        return
+    if not argv0.endswith(b"tritonserver"):
+        return
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        log.error("tritonserver (pid %d) is gone; this python stub exits", parent)
+        _fast_exit_code(1)
+
+    threading.Thread(target=watch, name="dspark-parent-watch", daemon=True).start()
+
+
+def _fast_exit_code(code: int) -> None:
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
 
 # What the `dspark` model's error messages for a failure on the server's side contain (StubModel.error_response:
 # "internal error in ..."; serve.worker: shutting down, unloaded, a failed round); any other error it answers is
@@ -95,6 +126,7 @@ class StubModel:
         if not _EXIT_HOOKED:
             atexit.register(_fast_exit)  # registered after torch's hooks → runs first
             _EXIT_HOOKED.append(True)
+            _watch_parent()
         self.model_config = json.loads(args["model_config"])
         self.cfg = ServeConfig.from_model_config(self.model_config)
         self.name = self.model_config.get("name", "?")
