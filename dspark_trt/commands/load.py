@@ -17,27 +17,20 @@ import ipaddress
 import json
 import logging
 import math
-import queue
 import socket
 import sys
 import threading
 import time
-import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dspark_trt.commands.load_client import Sample, StreamClient, load_prompts, make_jobs, reference_answers
 from dspark_trt.errors import InvalidArgumentError, ServeError
 
 log = logging.getLogger("dspark_trt.load")
 
 MAX_CLIENTS = 256
 MAX_DURATION_S = 3600.0
-MODEL = "ensemble_stream"
-PROMPTS = ("def main(argv):", "import os\nimport sys\n", "class Queue:\n    def __init__(self", "# Copyright",
-           "for i in range(10):", "return self._", "with open(path) as f:", "if __name__ == '__main__':",
-           "The capital of France is", "Write a haiku about the sea.", "Once upon a time,", "SELECT name FROM",
-           "def __repr__(self):", "raise ValueError(", "x = [i * i for i in", "from collections import")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -62,19 +55,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_fault_arguments(p)
 
 
-@dataclass
-class Sample:
-    """One request: what came back and when (monotonic seconds)."""
-
-    prompt: int
-    ids: list[int] = field(default_factory=list)
-    t_send: float = 0.0
-    t_first: float | None = None
-    t_done: float = 0.0
-    gaps: list[float] = field(default_factory=list)  # per token after the first response: gap / tokens in response
-    error: str | None = None
-
-
 def _check_loopback(url: str) -> None:
     host = url.rsplit(":", 1)[0].strip("[]")
     try:
@@ -97,90 +77,6 @@ def _check_args(args: argparse.Namespace) -> None:
         _check_loopback(args.url)
     if args.wait_stop and not args.url:
         raise InvalidArgumentError("--wait-stop is for --url (with --repo the command stops its own server)")
-
-
-def load_prompts(path: Path | None) -> list[str]:
-    if path is None:
-        return list(PROMPTS)
-    lines = [ln for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
-    out = [json.loads(ln)["prompt"] if ln.lstrip().startswith("{") else ln for ln in lines]
-    if not out:
-        raise InvalidArgumentError(f"--prompts {path} holds no prompt")
-    return out
-
-
-class StreamClient:
-    """One gRPC stream to `ensemble_stream`, requests sent one after another on it."""
-
-    def __init__(self, url: str, timeout: float) -> None:
-        import tritonclient.grpc as grpcclient  # noqa: PLC0415
-
-        self.grpc, self.timeout = grpcclient, timeout
-        self.client = grpcclient.InferenceServerClient(url)
-        self.q: queue.Queue = queue.Queue()
-        self.client.start_stream(callback=lambda result, error: self.q.put((result, error, time.monotonic())))
-
-    def close(self) -> None:
-        """Close the stream, cancelling what is still in flight on it (after a timeout or on a broken server a plain
-        stop_stream() waits for the server to end the stream, which may be never)."""
-        try:
-            self.client.stop_stream(cancel_requests=True)
-        finally:
-            self.client.close()
-
-    def run(self, sample: Sample, prompt: str, max_tokens: int, policy: str | None) -> Sample:
-        from dspark_trt.serve.clients.client import GenerationRequest, infer_inputs  # noqa: PLC0415
-
-        req = GenerationRequest(prompt=prompt, max_tokens=max_tokens, stream=True, policy=policy, return_stats=False)
-        outputs = [self.grpc.InferRequestedOutput("output_ids")]
-        sample.t_send = last = time.monotonic()
-        try:
-            self.client.async_stream_infer(MODEL, infer_inputs(self.grpc, req.fields()), outputs=outputs,
-                                           request_id=uuid.uuid4().hex, enable_empty_final_response=True)
-            while True:
-                try:
-                    result, error, t = self.q.get(timeout=self.timeout)
-                except queue.Empty:
-                    sample.error = f"no response within {self.timeout:.0f} s"
-                    break
-                if error is not None:
-                    sample.error = error.message() if hasattr(error, "message") else str(error)
-                    break
-                ids = result.as_numpy("output_ids")
-                new = [] if ids is None else [int(x) for x in ids.reshape(-1)]
-                if new:
-                    if sample.t_first is None:
-                        sample.t_first = t
-                    else:
-                        sample.gaps.extend([(t - last) / len(new)] * len(new))
-                    last = t
-                    sample.ids.extend(new)
-                final = result.get_response().parameters.get("triton_final_response")
-                if final is not None and final.bool_param:
-                    break
-        except Exception as exc:  # noqa: BLE001 - counted as an error of this request
-            sample.error = f"{type(exc).__name__}: {exc}"
-        sample.t_done = time.monotonic()
-        return sample
-
-
-def _jobs(prompts: list[str], max_tokens: int) -> list[tuple[str, int]]:
-    return [(p, max(1, max_tokens - 8 * (i % 3))) for i, p in enumerate(prompts)]
-
-
-def reference_answers(url: str, jobs: list[tuple[str, int]], policy: str | None, timeout: float) -> list[list[int]]:
-    """Each job's answer, streamed alone (one request at a time) through the same server."""
-    client = StreamClient(url, timeout)
-    try:
-        out = []
-        for i, (prompt, n) in enumerate(jobs):
-            s = client.run(Sample(i), prompt, n, policy)
-            if s.error:
-                raise ServeError(f"the single-stream answer of prompt {i} failed: {s.error}")
-            out.append(s.ids)
-        return out
-    finally:
-        client.close()
 
 
 def run_load(url: str, jobs: list[tuple[str, int]], clients: int, duration: float, policy: str | None,
@@ -283,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
 
         return run_faults(args)
     prompts = load_prompts(args.prompts)
-    jobs = _jobs(prompts, args.max_tokens)
+    jobs = make_jobs(prompts, args.max_tokens)
     server = None
     if args.repo:
         env = dict(os.environ, DSPARK_THREADS=str(args.threads)) if args.threads else None

@@ -35,7 +35,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Callable
 
-from dspark_trt.commands.load import Sample, StreamClient, _jobs, load_prompts, reference_answers
+from dspark_trt.commands.load_client import Sample, StreamClient, load_prompts, make_jobs, reference_answers
 from dspark_trt.errors import InvalidArgumentError, ServeError
 from dspark_trt.serve.server import Footprint, TritonServer, _group_pids, _mapped_shm, leftovers, shm_regions, stubs
 from dspark_trt.serve.supervisor import Supervisor
@@ -331,7 +331,7 @@ def run_faults(args: argparse.Namespace) -> int:
     if not 0 < args.fault_bound <= 3600 or args.fault_after < 0 or args.recovery_timeout <= 0:
         raise InvalidArgumentError("--fault-bound must be in (0, 3600], --fault-after ≥ 0, --recovery-timeout > 0")
     names = parse_faults(args.faults)
-    jobs = _jobs(load_prompts(args.prompts), args.max_tokens)
+    jobs = make_jobs(load_prompts(args.prompts), args.max_tokens)
     env = dict(os.environ, DSPARK_THREADS=str(args.threads)) if args.threads else None
     server = TritonServer(args.repo, env=env, extra_args=EXPLICIT)
 
