@@ -14,7 +14,8 @@ one at a time, before the load), the checks, the resource samples and the report
   with speculation off (the overload switch; counted apart otherwise); a cancelled stream's ids are a prefix of
   the prompt's greedy ids and end with finish_reason `stopped` (or the answer finished first); a disconnect's
   chunks are a prefix of the reference text;
-- errors by cause (any exception, status or hang beyond --request-timeout); 0 is the pass mark;
+- errors by cause (any exception or status; a `stall`: no chunk for --stall s once streaming; a `hang`: no answer
+  within --request-timeout, queueing for a KV slot included); 0 is the pass mark; latency per kind (p50/p99/max);
 - RSS and open file descriptors of the serve process (frontend), tritonserver and each python stub, sampled every
   --sample-every s; growth = last sample − the first after --warmup s;
 - after the load: `dspark_active_requests` is 0 (no KV slot held); after the stop: nothing of the server left
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -66,12 +68,32 @@ class Prompt:
     max_tokens: int
 
 
+class Stalled(Exception):
+    """A request that stopped moving (cause "stall") or never finished (cause "hang")."""
+
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
 @dataclass
 class Tally:
     counts: Counter = field(default_factory=Counter)  # (kind, outcome) → n
     errors: Counter = field(default_factory=Counter)  # cause → n
     examples: list[str] = field(default_factory=list)
     tokens: int = 0
+    seconds: dict[str, list[float]] = field(default_factory=dict)  # kind → latency of each answered request
+
+    def took(self, kind: str, s: float) -> None:
+        self.seconds.setdefault(kind, []).append(s)
+
+    def latency(self) -> dict[str, dict[str, float]]:
+        out = {}
+        for kind, xs in sorted(self.seconds.items()):
+            xs = sorted(xs)
+            out[kind] = {"n": len(xs), "p50": round(xs[len(xs) // 2], 1),
+                         "p99": round(xs[min(len(xs) - 1, int(0.99 * len(xs)))], 1), "max": round(xs[-1], 1)}
+        return out
 
     def fail(self, kind: str, cause: str, detail: str) -> None:
         self.errors[f"{kind}: {cause}"] += 1
@@ -96,7 +118,8 @@ def prompt_set(code_prompts: int) -> list[Prompt]:
 class Soak:
     """The clients and checks against one running server (OpenAI base URL + Triton gRPC URL)."""
 
-    def __init__(self, base_url: str, grpc_url: str, repo: Path, prompts: list[Prompt], timeout: float) -> None:
+    def __init__(self, base_url: str, grpc_url: str, repo: Path, prompts: list[Prompt], timeout: float,
+                 stall_s: float) -> None:
         import openai  # noqa: PLC0415
 
         from dspark_trt.serve.clients.aio_client import DsparkAioClient  # noqa: PLC0415
@@ -106,13 +129,16 @@ class Soak:
                                       max_retries=0, timeout=timeout)
         self.aio = DsparkAioClient(grpc_url, timeout=timeout)
         self.tok = load_tokenizer(repo.resolve().parent / "tokenizer")
-        self.prompts, self.timeout, self.model = prompts, timeout, ""
+        self.prompts, self.timeout, self.stall_s, self.model = prompts, timeout, stall_s, ""
         self.ref: dict[tuple[str, int], Any] = {}  # (kind, prompt key) → reference answer
         self.tally = Tally()
+        self.records: list[dict[str, Any]] = []  # one per request of the load: kind, prompt, start, first, total
+        self.t_load = 0.0
 
     # ---- one request of each kind: returns (text or ids, stats) ----
     async def openai_text(self, p: Prompt, extra: dict[str, Any], stop: str | None = None,
-                          close_after: int | None = None) -> tuple[str, dict[str, Any] | None]:
+                          close_after: int | None = None, trace: list[float] | None = None,
+                          ) -> tuple[str, dict[str, Any] | None]:
         common: dict[str, Any] = dict(model=self.model, max_tokens=p.max_tokens, stream=True, extra_body=extra,
                                       stop=[stop] if stop else None)
         if p.chat:
@@ -125,6 +151,8 @@ class Soak:
         try:
             async for chunk in stream:
                 stats = (chunk.model_extra or {}).get("dspark_stats") or stats
+                if trace is not None:
+                    trace.append(time.monotonic())
                 if chunk.choices:
                     piece = chunk.choices[0].delta.content if p.chat else chunk.choices[0].text
                     parts.append(piece or "")
@@ -140,7 +168,8 @@ class Soak:
 
         return encode_prompt(self.tok, p.text, p.chat, 1 << 20)
 
-    async def grpc_ids(self, p: Prompt, cancel_after: int | None) -> tuple[list[int], str | None]:
+    async def grpc_ids(self, p: Prompt, cancel_after: int | None, trace: list[float] | None = None,
+                       ) -> tuple[list[int], str | None]:
         from dspark_trt.serve.clients.client import GenerationRequest  # noqa: PLC0415
 
         rid = f"soak-{uuid.uuid4().hex[:12]}"
@@ -149,6 +178,8 @@ class Soak:
         reason = None
         n = 0
         async for chunk in self.aio.stream(self.ids_of(p), req, rid):
+            if trace is not None:
+                trace.append(time.monotonic())
             ids += chunk.ids
             n += 1
             reason = chunk.finish_reason
@@ -156,20 +187,21 @@ class Soak:
                 await self.aio.stop(rid)
         return ids, reason
 
-    async def ask(self, kind: str, p: Prompt) -> Any:
+    async def ask(self, kind: str, p: Prompt, trace: list[float] | None = None) -> Any:
         seeded = {"temperature": 0.8, "top_p": 0.95, "seed": SEED_BASE + p.key, "policy": "fixed",
                   "proposers": "dspark", "return_stats": True}
         greedy = {"temperature": 0.0}
         if kind == "greedy":
-            return (await self.openai_text(p, greedy))[0]
+            return (await self.openai_text(p, greedy, trace=trace))[0]
         if kind == "stop":
-            return (await self.openai_text(p, greedy, stop=self.ref[("stop_word", p.key)]))[0]
+            return (await self.openai_text(p, greedy, stop=self.ref[("stop_word", p.key)], trace=trace))[0]
         if kind == "seeded":
-            return await self.openai_text(p, {k: v for k, v in seeded.items() if k != "seed"} | {"seed": seeded["seed"]})
+            return await self.openai_text(p, {k: v for k, v in seeded.items() if k != "seed"} | {"seed": seeded["seed"]},
+                                          trace=trace)
         if kind == "cancel":
-            return await self.grpc_ids(p, cancel_after=2)
+            return await self.grpc_ids(p, cancel_after=2, trace=trace)
         if kind == "disconnect":
-            return (await self.openai_text(p, greedy, close_after=2))[0]
+            return (await self.openai_text(p, greedy, close_after=2, trace=trace))[0]
         raise ValueError(kind)
 
     async def references(self) -> None:
@@ -211,24 +243,63 @@ class Soak:
         while time.monotonic() < deadline:
             kind = rng.choices(kinds, weights)[0]
             p = rng.choice(self.prompts)
+            trace: list[float] = []
+            t0 = time.monotonic()
             try:
-                got = await asyncio.wait_for(self.ask(kind, p), self.timeout)
-            except asyncio.TimeoutError:
-                self.tally.fail(kind, "hang", f"no answer within {self.timeout:.0f} s (prompt {p.key})")
+                got = await self.watched(self.ask(kind, p, trace), trace, t0)
+            except Stalled as exc:
+                self.tally.fail(kind, exc.cause, f"{exc} (prompt {p.key}, {len(trace)} chunks)")
                 continue
             except Exception as exc:  # noqa: BLE001 - counted by cause and reported
                 self.tally.fail(kind, type(exc).__name__, str(exc))
                 continue
+            self.tally.took(kind, time.monotonic() - t0)
+            self.records.append({"kind": kind, "prompt": p.key, "start": round(t0 - self.t_load, 2),
+                                 "first": round(trace[0] - t0, 2) if trace else None,
+                                 "total": round(time.monotonic() - t0, 2), "chunks": len(trace)})
             self.check(kind, p, got)
 
+    async def watched(self, coro: Any, trace: list[float], t0: float) -> Any:
+        """Await one request, watching its progress: no chunk for `stall_s` after one arrived → Stalled("stall");
+        no answer within `self.timeout` → Stalled("hang"). A request queued for a KV slot may wait long for its
+        first chunk under overload (slots < clients); once streaming, a gap of stall_s means it stopped moving."""
+        task = asyncio.ensure_future(coro)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=5.0)
+                if done:
+                    return task.result()
+                now = time.monotonic()
+                if trace and now - trace[-1] > self.stall_s:
+                    raise Stalled("stall", f"no chunk for {now - trace[-1]:.0f} s after chunk {len(trace)} "
+                                           f"(first at {trace[0] - t0:.0f} s)")
+                if now - t0 > self.timeout:
+                    first = f"first chunk at {trace[0] - t0:.0f} s" if trace else "no chunk"
+                    raise Stalled("hang", f"no answer within {self.timeout:.0f} s ({first})")
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+
     async def run(self, clients: int, seconds: float, seed: int) -> float:
-        t0 = time.monotonic()
+        t0 = self.t_load = time.monotonic()
         await asyncio.gather(*(self.client(w, t0 + seconds, random.Random(seed * 1000 + w)) for w in range(clients)))
         return time.monotonic() - t0
 
     async def close(self) -> None:
         await self.oai.close()
         await self.aio.close()
+
+
+def first_chunk(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """kind → p50 / p99 / max seconds to the first chunk (queueing for a KV slot and prefill)."""
+    out = {}
+    for kind in sorted({r["kind"] for r in records}):
+        xs = sorted(r["first"] for r in records if r["kind"] == kind and r["first"] is not None)
+        if xs:
+            out[kind] = {"p50": xs[len(xs) // 2], "p99": xs[min(len(xs) - 1, int(0.99 * len(xs)))], "max": xs[-1]}
+    return out
 
 
 # ---- the server and its resources --------------------------------------------------------------------------------
@@ -307,7 +378,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         fp = footprint(find_server(int(ports["grpc"])) or 0)
         prompts = prompt_set(args.code_prompts)
         soak = Soak(f"http://127.0.0.1:{ports['openai']}/v1", f"127.0.0.1:{ports['grpc']}", args.repo, prompts,
-                    args.request_timeout)
+                    args.request_timeout, args.stall)
         t_ref = time.monotonic()
         await soak.references()
         report["reference_s"] = round(time.monotonic() - t_ref, 1)
@@ -321,12 +392,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         held = active_requests(f"http://127.0.0.1:{ports['metrics']}/metrics")
         await soak.close()
         t = soak.tally
+        if args.requests_log:
+            args.requests_log.write_text("".join(json.dumps(r) + "\n" for r in soak.records))
         report.update({
             "prompts": len(prompts), "prompt_chars": [min(len(p.text) for p in prompts), max(len(p.text) for p in prompts)],
             "wall_s": round(wall, 1), "requests": sum(t.counts.values()) + sum(t.errors.values()),
             "by_kind": {f"{k} {o}": n for (k, o), n in sorted(t.counts.items())},
             "wrong": sum(n for (k, o), n in t.counts.items() if o == "wrong"), "errors": dict(t.errors),
-            "examples": t.examples, "kv_slots_held": held, "resources": growth(samples, args.warmup),
+            "latency_s": t.latency(), "first_chunk_s": first_chunk(soak.records), "examples": t.examples, "kv_slots_held": held, "resources": growth(samples, args.warmup),
             "samples": len(samples)})
     finally:
         proc.send_signal(signal.SIGINT)
@@ -346,13 +419,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--clients", type=int, default=64, help="concurrent clients (default 64)")
     p.add_argument("--minutes", type=float, default=60.0, help="minutes of load (default 60)")
     p.add_argument("--code-prompts", type=int, default=14, help="code prompts beside the 10 chat ones (default 14)")
-    p.add_argument("--request-timeout", type=float, default=300.0, help="seconds a request may take (default 300)")
+    p.add_argument("--request-timeout", type=float, default=1800.0,
+                   help="seconds a request may take, queueing for a KV slot included (default 1800)")
+    p.add_argument("--stall", type=float, default=120.0,
+                   help="seconds without a chunk, once streaming, that count as a stalled request (default 120)")
     p.add_argument("--sample-every", type=float, default=30.0, help="seconds between resource samples (default 30)")
     p.add_argument("--warmup", type=float, default=300.0, help="growth is measured from this many s in (default 300)")
     p.add_argument("--seed", type=int, default=0, help="seed of the request mix (default 0)")
+    p.add_argument("--mix", default=None, help="KIND=WEIGHT,... replacing the default mix "
+                                               f"({','.join(f'{k}={w}' for k, w in KINDS.items())})")
     p.add_argument("--threads", default=None, help="the server's --threads (default: auto)")
     p.add_argument("--json", type=Path, default=None, help="also write the report to this file")
+    p.add_argument("--requests-log", type=Path, default=None,
+                   help="write one JSON line per answered request (kind, prompt, start, first chunk, total s)")
     args = p.parse_args(argv)
+    if args.mix:
+        mix = {k.strip(): float(w) for k, w in (part.split("=") for part in args.mix.split(","))}
+        if set(mix) - set(KINDS) or not any(mix.values()):
+            p.error(f"--mix: kinds are {', '.join(KINDS)} with weights > 0")
+        KINDS.clear()
+        KINDS.update(mix)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "httpx2", "openai"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
