@@ -353,6 +353,17 @@ def growth(samples: list[tuple[float, dict[str, tuple[float, int]]]], warmup: fl
                    "fds_end": last[name][1]} for name in base if name in last}
 
 
+def rss_series(samples: list[tuple[float, dict[str, tuple[float, int]]]], points: int = 13) -> dict[str, list]:
+    """The RSS of each process at up to `points` evenly spaced samples: [[t s, MiB], ...] (flat, a plateau or a
+    climb tell apart what one growth number cannot)."""
+    if not samples:
+        return {}
+    step = max(1, (len(samples) - 1) // (points - 1))
+    picked = samples[::step] + ([samples[-1]] if (len(samples) - 1) % step else [])
+    names = sorted({n for _, s in samples for n in s})
+    return {n: [[round(t), round(s[n][0], 1)] for t, s in picked if n in s] for n in names}
+
+
 def start_server(repo: Path, threads: str | None) -> tuple[subprocess.Popen, dict[str, str]]:
     from dspark_trt.serve.server import free_port  # noqa: PLC0415
 
@@ -400,7 +411,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "by_kind": {f"{k} {o}": n for (k, o), n in sorted(t.counts.items())},
             "wrong": sum(n for (k, o), n in t.counts.items() if o == "wrong"), "errors": dict(t.errors),
             "latency_s": t.latency(), "first_chunk_s": first_chunk(soak.records), "examples": t.examples, "kv_slots_held": held, "resources": growth(samples, args.warmup),
-            "samples": len(samples)})
+            "samples": len(samples), "rss_series_mib": rss_series(samples)})
     finally:
         proc.send_signal(signal.SIGINT)
         try:
