@@ -115,6 +115,40 @@ def test_target_and_draft_models_explicit_batch(server, reference) -> None:
     assert out.as_numpy("draft_ids").shape == (len(rows), 4) and out.as_numpy("confidence").shape == (len(rows), 4)
 
 
+@pytest.mark.parametrize("model", ["target", "draft"])
+@pytest.mark.parametrize("ids_shape,lengths,names", [
+    ((1, 3), [], "input_lengths"),  # no row (the fuzzer's find: a reshape error answered as INTERNAL)
+    ((1, 3), [0], "input_lengths[0] = 0"),
+    ((1, 3), [-1], "input_lengths[0] = -1"),  # would have sliced the row from its end
+    ((1, 3), [4], "input_lengths[0] = 4"),  # more tokens than the row holds
+    ((1, 3), [2, 1], "3 ids for 2 rows"),
+])
+def test_target_and_draft_bad_batch_is_invalid_argument(server, reference, model: str, ids_shape, lengths,
+                                                        names: str) -> None:
+    """Malformed explicit batches are the client's error (gRPC INVALID_ARGUMENT naming the input), and the model
+    answers the next good request."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    ids = np.array(reference.ids("def main(argv):")[:3], dtype=np.int32).reshape(ids_shape)
+
+    def inputs(ids: np.ndarray, lens: list[int]) -> list:
+        out = [grpcclient.InferInput("input_ids", list(ids.shape), "INT32"),
+               grpcclient.InferInput("input_lengths", [len(lens)], "INT32")]
+        out[0].set_data_from_numpy(ids)
+        out[1].set_data_from_numpy(np.array(lens, dtype=np.int32))
+        return out
+
+    with pytest.raises(InferenceServerException) as err:
+        client.infer(model, inputs(ids, lengths), client_timeout=600.0)
+    assert err.value.status() == "StatusCode.INVALID_ARGUMENT", err.value
+    assert names in err.value.message()
+    good = client.infer(model, inputs(ids, [3]), client_timeout=600.0)
+    assert good.as_numpy("next_token_ids" if model == "target" else "anchor_ids").shape == (1,)
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_seeded_sampling_plain_equals_in_process(server, reference, protocol: str) -> None:
     """Sampling is keyed on (seed, position), so the served plain-policy sample equals the in-process one.

@@ -43,10 +43,18 @@ class OnePassModel(StubModel):
         lens = self._get(request, "input_lengths")
         if ids is None or lens is None:
             raise RequestError("input_ids [B, T] and input_lengths [B] are required", "input_ids")
-        ids, lens = np.asarray(ids).reshape(len(np.asarray(lens).reshape(-1)), -1), np.asarray(lens).reshape(-1)
+        ids, lens = np.asarray(ids), np.asarray(lens).reshape(-1)
         if not 1 <= len(lens) <= self.cfg.max_batch:
-            raise RequestError(f"batch must have 1..{self.cfg.max_batch} rows (MAX_BATCH_SIZE), got {len(lens)}",
-                               "input_ids")
+            raise RequestError(f"batch must have 1..{self.cfg.max_batch} rows (MAX_BATCH_SIZE), got {len(lens)} "
+                               "input_lengths", "input_lengths")
+        if ids.size == 0 or ids.size % len(lens):
+            raise RequestError(f"input_ids must be [B, T] with one row per input_lengths entry: {ids.size} ids for "
+                               f"{len(lens)} rows", "input_ids")
+        ids = ids.reshape(len(lens), -1)  # [B, T]
+        bad = [i for i, n in enumerate(lens) if not 1 <= int(n) <= ids.shape[1]]
+        if bad:
+            raise RequestError(f"input_lengths[{bad[0]}] = {int(lens[bad[0]])} must be in 1..{ids.shape[1]} (the "
+                               "row's tokens in input_ids)", "input_lengths")
         prompts = [[int(t) for t in ids[i, : int(n)]] for i, n in enumerate(lens)]
         for i, p in enumerate(prompts):
             check_prompt_tokens(p, self.cfg.max_prompt_tokens, self.loaded.vocab_size, f"input_ids row {i}",
