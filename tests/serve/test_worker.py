@@ -81,7 +81,12 @@ def test_jobs_share_rounds_and_get_their_own_tokens(reference) -> None:  # noqa:
     assert metrics.counters["dspark_fallback_total"] == 0
 
 
-def test_cancel_frees_slot(reference) -> None:  # noqa: ANN001
+def test_cancel_frees_slot(reference, monkeypatch) -> None:  # noqa: ANN001
+    # the loop asks for cancellations every CANCEL_POLL_S; the tiny model can finish 200 tokens (~90 ms on a fast
+    # CPU) before the first poll, which made this test depend on the machine's speed: poll every round here
+    from dspark_trt.serve import worker
+
+    monkeypatch.setattr(worker, "CANCEL_POLL_S", 0.0)
     batcher, metrics = _batcher(reference)
     sink = Sink(cancel_after=1)
     batcher.submit(_job(reference, PROMPTS[0], 200, sink, policy="plain"))
