@@ -30,11 +30,9 @@ import argparse
 import json
 import logging
 import os
-import queue
 import sys
 import threading
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -44,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from serving_grid_report import write_outputs  # noqa: E402
 
+from dspark_trt.commands.load_client import StreamClient as LoadStreamClient  # noqa: E402
 from dspark_trt.errors import InvalidArgumentError, ServeError  # noqa: E402
 
 log = logging.getLogger("bench_serving_grid")
@@ -161,63 +160,17 @@ def make_jobs(tokenizer: Any, room: int, max_tokens: int, long_tokens: int) -> l
     return jobs
 
 
-class StreamClient:
-    """One gRPC stream to `ensemble_stream`; requests one after another on it, asking for output_ids and stats."""
-
-    def __init__(self, url: str, timeout: float) -> None:
-        import tritonclient.grpc as grpcclient  # noqa: PLC0415
-
-        self.grpc, self.timeout = grpcclient, timeout
-        self.client = grpcclient.InferenceServerClient(url)
-        self.q: queue.Queue = queue.Queue()
-        self.client.start_stream(callback=lambda result, error: self.q.put((result, error, time.monotonic())))
-
-    def close(self) -> None:
-        try:
-            self.client.stop_stream()
-        finally:
-            self.client.close()
+class StreamClient(LoadStreamClient):
+    """One gRPC stream to `ensemble_stream` (commands.load_client's); requests one after another on it, asking for
+    output_ids and stats."""
 
     def run(self, index: int, job: Job, spec: PolicySpec) -> Sample:
-        from dspark_trt.serve.clients.client import GenerationRequest, infer_inputs  # noqa: PLC0415
+        from dspark_trt.serve.clients.client import GenerationRequest  # noqa: PLC0415
 
         req = GenerationRequest(prompt=job.prompt, max_tokens=job.max_tokens, stream=True, policy=spec.policy,
                                 min_k=spec.min_k, max_k=spec.max_k, apply_chat_template=job.chat,
                                 return_stats=True, temperature=0.0, proposers=spec.proposers)
-        outputs = [self.grpc.InferRequestedOutput("output_ids"), self.grpc.InferRequestedOutput("stats")]
-        s = Sample(index)
-        s.t_send = last = time.monotonic()
-        try:
-            self.client.async_stream_infer(MODEL, infer_inputs(self.grpc, req.fields()), outputs=outputs,
-                                           request_id=uuid.uuid4().hex, enable_empty_final_response=True)
-            while True:
-                try:
-                    result, error, t = self.q.get(timeout=self.timeout)
-                except queue.Empty:
-                    s.error = f"no response within {self.timeout:.0f} s"
-                    break
-                if error is not None:
-                    s.error = error.message() if hasattr(error, "message") else str(error)
-                    break
-                ids = result.as_numpy("output_ids")
-                new = [] if ids is None else [int(x) for x in ids.reshape(-1)]
-                if new:
-                    if s.t_first is None:
-                        s.t_first = t
-                    else:
-                        s.gaps.extend([(t - last) / len(new)] * len(new))
-                    last = t
-                    s.ids.extend(new)
-                stats = result.as_numpy("stats")
-                if stats is not None and stats.size and stats.reshape(-1)[0]:
-                    s.stats = json.loads(stats.reshape(-1)[0].decode("utf-8"))
-                final = result.get_response().parameters.get("triton_final_response")
-                if final is not None and final.bool_param:
-                    break
-        except Exception as exc:  # noqa: BLE001 - counted as an error of this request
-            s.error = f"{type(exc).__name__}: {exc}"
-        s.t_done = time.monotonic()
-        return s
+        return self.send(Sample(index), req, stats=True)
 
 
 def cell_jobs(concurrency: int, requests: int, n_jobs: int) -> list[list[int]]:

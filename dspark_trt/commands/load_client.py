@@ -10,6 +10,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from dspark_trt.errors import InvalidArgumentError, ServeError
 
@@ -63,10 +64,19 @@ class StreamClient:
             self.client.close()
 
     def run(self, sample: Sample, prompt: str, max_tokens: int, policy: str | None) -> Sample:
-        from dspark_trt.serve.clients.client import GenerationRequest, infer_inputs  # noqa: PLC0415
+        from dspark_trt.serve.clients.client import GenerationRequest  # noqa: PLC0415
 
         req = GenerationRequest(prompt=prompt, max_tokens=max_tokens, stream=True, policy=policy, return_stats=False)
+        return self.send(sample, req)
+
+    def send(self, sample: Any, req: Any, stats: bool = False) -> Any:
+        """Stream one GenerationRequest on this stream into `sample` (ids, times, error; with `stats`, the final
+        stats JSON into sample.stats) → sample, t_done set."""
+        from dspark_trt.serve.clients.client import infer_inputs  # noqa: PLC0415
+
         outputs = [self.grpc.InferRequestedOutput("output_ids")]
+        if stats:
+            outputs.append(self.grpc.InferRequestedOutput("stats"))
         sample.t_send = last = time.monotonic()
         try:
             self.client.async_stream_infer(MODEL, infer_inputs(self.grpc, req.fields()), outputs=outputs,
@@ -89,6 +99,9 @@ class StreamClient:
                         sample.gaps.extend([(t - last) / len(new)] * len(new))
                     last = t
                     sample.ids.extend(new)
+                blob = result.as_numpy("stats") if stats else None
+                if blob is not None and blob.size and blob.reshape(-1)[0]:
+                    sample.stats = json.loads(blob.reshape(-1)[0].decode("utf-8"))
                 final = result.get_response().parameters.get("triton_final_response")
                 if final is not None and final.bool_param:
                     break
