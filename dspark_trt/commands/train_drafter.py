@@ -3,7 +3,9 @@
 Pipeline: tokenize the corpus (text files / chat JSONL) → cache target features + top-k log-probs once
 (reused when --out already holds them for the same taps) → train (resumable, --max-minutes budget) →
 STS-calibrate the confidence head on held-out data → write OUT/drafter (config.json + model.safetensors)
-and OUT/metrics.json. Defaults come from dspark_trt.train.trainer.TrainConfig.
+and OUT/metrics.json. With --stream-chunk-tokens the teacher pass and training alternate chunk by chunk
+(dspark_trt.train.stream: no whole-corpus store, resumable across machines). Defaults come from
+dspark_trt.train.trainer.TrainConfig.
 """
 from __future__ import annotations
 
@@ -61,6 +63,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--features-only", action="store_true", help="cache target features into OUT/features and stop")
     p.add_argument("--extra-features", type=Path, nargs="*", default=[],
                    help="more feature stores (OUT/features of other --features-only runs) to train on")
+    p.add_argument("--stream-chunk-tokens", type=int, default=0,
+                   help="stream: teacher pass and training chunk by chunk, this many tokens a chunk (no whole-corpus "
+                        "store; --max-minutes bounds this call; --resume continues; train.stream)")
+    p.add_argument("--anchors-per-token", type=float, default=0.5, help="stream: trained anchors per answer token")
+    p.add_argument("--milestones", type=str, default="",
+                   help="stream: answer-token counts (comma-separated) at which the drafter is kept and loop-measured")
+    p.add_argument("--start-step", type=int, default=0,
+                   help="stream with --init-from: the step the earlier run reached (its stream.json), to continue there")
 
 
 def _features(args: argparse.Namespace, target_dir: Path, layers: tuple[int, ...] | None, cfg: TrainConfig) -> Path:
@@ -111,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
                               lr=args.lr, batch_seqs=args.batch_seqs, anchors=args.anchors, seed=args.seed,
                               threads=args.threads)
     torch.set_num_threads(cfg.threads)
+    if args.stream_chunk_tokens:
+        return _stream(args, cfg)
     fdir = _features(args, Path(args.target), layers, cfg)
     if args.features_only:
         return 0
@@ -118,4 +130,28 @@ def run(args: argparse.Namespace) -> int:
     metrics = train(cfg, hf, Path(args.target), [fdir, *args.extra_features], args.out, resume=args.resume,
                     init_from=args.init_from)
     log.info("drafter written to %s (held-out τ_tf %.3f)", args.out / "drafter", metrics.get("heldout_tau_tf") or 0)
+    return 0
+
+
+def _stream(args: argparse.Namespace, cfg: TrainConfig) -> int:
+    from transformers import AutoTokenizer
+
+    from dspark_trt.train.corpus import load_corpus
+    from dspark_trt.train.stream import StreamConfig, stream_train
+
+    if args.features_only or args.extra_features or args.train_tokens:
+        raise InvalidArgumentError("--stream-chunk-tokens trains on the corpus chunk by chunk, without a stored "
+                                   "teacher pass. Fix: drop --features-only / --extra-features / --train-tokens.")
+    scfg = StreamConfig(chunk_tokens=args.stream_chunk_tokens, anchors_per_token=args.anchors_per_token,
+                        milestones=tuple(int(float(x)) for x in args.milestones.split(",") if x.strip()),
+                        max_minutes=args.max_minutes, start_step=args.start_step)
+    tok = AutoTokenizer.from_pretrained(args.target)
+    seqs, starts = load_corpus(args.corpus, tok, cfg.max_tokens, window=cfg.max_len, seed=cfg.seed)
+    if not seqs:
+        raise InvalidArgumentError(f"No usable text in --corpus {args.corpus}. Fix: pass text files, directories or "
+                                   "chat .jsonl files written by dspark_trt.train.chatgen.")
+    rec = stream_train(cfg, scfg, Path(args.target), seqs, starts, args.out, resume=args.resume,
+                       init_from=args.init_from, teacher=args.teacher)
+    log.info("stream at step %d of %d, %d answer tokens trained on%s", rec.get("step", 0), rec["plan"]["total_steps"],
+             rec.get("trained_answer_tokens", 0), " (finished)" if rec["finished"] else "")
     return 0

@@ -1,7 +1,7 @@
 """Offline training text: plain/compressed text files and target-generated chat JSONL → token sequences.
 
 Owns: walking corpus paths (files or directories; .gz read transparently; .jsonl = chat records from
-train.chatgen with "ids" and "prompt_len"), skipping binaries, chunking text into windows, and a
+train.chatgen with "ids" and "prompt_len", .jsonl.gz as well), skipping binaries, chunking text into windows, and a
 deterministic token budget. Returns (sequences, starts): start = first position worth anchoring at.
 """
 from __future__ import annotations
@@ -44,6 +44,10 @@ def _files(paths: Sequence[Path]) -> list[Path]:
     return out
 
 
+def _is_chat(p: Path) -> bool:
+    return p.suffix == ".jsonl" or p.name.endswith(".jsonl.gz")
+
+
 def load_corpus(paths: Sequence[Path], tokenizer, max_tokens: int, window: int = 512,  # noqa: ANN001
                 seed: int = 0) -> tuple[list[list[int]], list[int]]:
     """Token sequences (each ≤ window) and their anchor starts, at most ~max_tokens in total.
@@ -51,11 +55,11 @@ def load_corpus(paths: Sequence[Path], tokenizer, max_tokens: int, window: int =
     seqs: list[list[int]] = []
     starts: list[int] = []
     files = _files(paths)
-    chat = [f for f in files if f.suffix == ".jsonl"]
-    text = [f for f in files if f.suffix != ".jsonl"]
+    chat = [f for f in files if _is_chat(f)]
+    text = [f for f in files if not _is_chat(f)]
     total = 0
     for f in chat:
-        for line in f.read_text().splitlines():
+        for line in _read_text(f).splitlines():
             rec = json.loads(line)
             ids, pl = rec["ids"][:window], int(rec["prompt_len"])
             if len(ids) - pl >= 4:

@@ -51,6 +51,8 @@ class TrainConfig:
     max_len: int = 384
     max_minutes: float = 60.0
     max_steps: int = 0  # 0 = as many as max_minutes allows
+    start_step: int = 0  # a new or --init-from run starts its schedule here (a streamed run continued elsewhere)
+    stop_step: int = 0  # > 0: return at this step without ending the schedule (train.stream: one call per chunk)
     seed: int = 0
     eval_every: int = 100
     eval_batches: int = 8
@@ -122,10 +124,10 @@ def evaluate(model: DSparkModel, stores: Sequence[FeatureStore], refs: Sequence[
 
 
 def _save_state(path: Path, model: DSparkModel, opt: torch.optim.Optimizer, step: int, total: int,
-                elapsed: float, cfg: TrainConfig) -> None:
+                elapsed: float, cfg: TrainConfig, opt_start: int = 0) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "total": total,
-                "elapsed": elapsed, "cfg": dataclasses.asdict(cfg), "dspark_cfg": model.cfg.to_dict()}, tmp)
+                "elapsed": elapsed, "opt_start": opt_start, "cfg": dataclasses.asdict(cfg), "dspark_cfg": model.cfg.to_dict()}, tmp)
     tmp.replace(path)
 
 
@@ -137,10 +139,11 @@ def export(model: DSparkModel, out: Path, report: CalibrationReport | None = Non
 
 
 def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_dirs: Sequence[Path], out: Path,
-          resume: bool = False, init_from: Path | None = None) -> dict[str, Any]:
+          resume: bool = False, init_from: Path | None = None, deadline: float | None = None) -> dict[str, Any]:
     """Train, calibrate and export a DSpark drafter to out/drafter; returns a metrics dict (also out/metrics.json).
     init_from: a drafter checkpoint dir whose weights (and draft vocabulary) start a new run with a fresh optimizer
-    (continue training across machines when train_state.pt is gone); resume takes precedence."""
+    (continue training across machines when train_state.pt is gone); resume takes precedence.
+    deadline: a time.time() at which to stop (checkpointed, resumable) whatever the budgets say."""
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     out.mkdir(parents=True, exist_ok=True)
@@ -191,10 +194,12 @@ def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_
     t2d = make_t2d(model.d2t, model.cfg.vocab_size)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    step, total, elapsed = 0, cfg.max_steps, 0.0
+    step, total, elapsed = cfg.start_step, cfg.max_steps, 0.0
+    opt_start = cfg.start_step  # a fresh optimizer past the schedule's warmup gets a warmup of its own
     if state is not None:
         opt.load_state_dict(state["opt"])
         step, total, elapsed = state["step"], state["total"], state["elapsed"]
+        opt_start = state.get("opt_start", 0)
         if cfg.max_steps:
             total = cfg.max_steps
         elif state["cfg"].get("max_minutes") != cfg.max_minutes:
@@ -215,15 +220,17 @@ def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_
     best_tau, best_step, best_state = -1.0, -1, None
     while True:
         now = time.time()
-        if (total and step >= total) or (now - t0) >= budget:
+        if (total and step >= total) or (now - t0) >= budget or (cfg.stop_step and step >= cfg.stop_step) or \
+                (deadline is not None and now >= deadline):
             break
         if not cfg.max_steps and step >= s0 + 10 and (not total or step % 25 == 0):
             # time budget: (re)fit the schedule length to the measured step time (shared CPUs drift)
             total = max(step + 1, step + int((budget - (now - t0)) / ((now - ts0) / (step - s0))))
             bar.total = total
             log.debug("schedule: %d steps in %.1f min", total, cfg.max_minutes)
+        warm = min(1.0, (step - opt_start + 1) / cfg.warmup_steps) if opt_start > 0 else 1.0
         for g in opt.param_groups:
-            g["lr"] = _lr(cfg, step, total or 10**9)
+            g["lr"] = warm * _lr(cfg, step, total or 10**9)
         op = cfg.onpolicy
         if op.every and op_start is None and step >= op.start and \
                 (step / total if total else (now - t0) / budget) >= op.start_frac:
@@ -261,12 +268,12 @@ def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_
                 best_tau, best_step = ev["tau_tf"], step
                 best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         if time.time() - last_ckpt > cfg.ckpt_minutes * 60:
-            _save_state(state_path, model, opt, step, total, time.time() - t0, cfg)
+            _save_state(state_path, model, opt, step, total, time.time() - t0, cfg, opt_start)
             export(model, out / "drafter")
             last_ckpt = time.time()
     bar.close()
     wall = time.time() - t0
-    _save_state(state_path, model, opt, step, total, wall, cfg)
+    _save_state(state_path, model, opt, step, total, wall, cfg, opt_start)
     ev = evaluate(model, stores, held_refs, t2d, cfg)
     if best_state is not None and ev and best_tau > ev["tau_tf"]:
         log.info("final held-out τ_tf %.3f < best %.3f at step %d: exporting the best weights",

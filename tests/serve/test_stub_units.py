@@ -234,3 +234,23 @@ def test_openai_frontend_validates_with_the_served_checks(tiny_pair) -> None:  #
         with pytest.raises(RequestError) as info:
             fe.prepare(body)
         assert needle in str(info.value) and (info.value.param, info.value.code) == (param, code), body
+
+
+def _model_config(**params: str) -> dict:
+    base = {"GAMMA": "4", "MAX_SEQ_LEN": "64", "MAX_BATCH_SIZE": "2", "POLICY": "survival", "MIN_K": "2", "MAX_K": "0",
+            "MAX_QUEUE": "8", "BUILD_DIR": "/b", **params}
+    return {"name": "dspark", "parameters": {k: {"string_value": v} for k, v in base.items()}}
+
+
+def test_prefill_chunk_defaults_to_chunked_and_is_overridable(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dspark_trt.errors import ServeError
+    from dspark_trt.serve.config import DEFAULT_PREFILL_CHUNK, PREFILL_CHUNK_ENV
+
+    monkeypatch.delenv(PREFILL_CHUNK_ENV, raising=False)
+    assert ServeConfig.from_model_config(_model_config()).prefill_chunk == DEFAULT_PREFILL_CHUNK == 256
+    assert ServeConfig.from_model_config(_model_config(PREFILL_CHUNK="0")).prefill_chunk == 0  # whole prompts
+    monkeypatch.setenv(PREFILL_CHUNK_ENV, "64")  # the environment wins over the parameter
+    assert ServeConfig.from_model_config(_model_config(PREFILL_CHUNK="0")).prefill_chunk == 64
+    monkeypatch.setenv(PREFILL_CHUNK_ENV, "-1")
+    with pytest.raises(ServeError, match="PREFILL_CHUNK must be an integer"):
+        ServeConfig.from_model_config(_model_config())
