@@ -293,17 +293,30 @@ def reference_answers(url: str, jobs: list[Job], needed: set[int], timeout: floa
 
 
 def run_grid(url: str, specs: list[PolicySpec], levels: list[int], requests: int, jobs: list[Job],
-             timeout: float) -> dict[str, Any]:
+             timeout: float, rounds: int = 1) -> dict[str, Any]:
     """The references, then every (concurrency, policy) cell, level by level, policies in turn, all through the
-    server at `url` (each row's proposers travel in its requests)."""
+    server at `url` (each row's proposers travel in its requests). rounds > 1: each level runs the policies `rounds`
+    times, the order rotated every round (so no row is always first after a level change); a cell pools its rounds'
+    requests over their summed wall time and keeps each round's tok/s (`tok_s_rounds`: the spread)."""
     needed = {i for c in levels for plan in cell_jobs(c, requests, len(jobs)) for i in plan}
     log.info("reference: %d prompts alone through %s", len(needed), url)
     refs = reference_answers(url, jobs, needed, timeout)
     cells: list[dict[str, Any]] = []
+    n = len(specs)
     for c in levels:
-        for spec in specs:
-            samples, wall = run_cell(url, jobs, spec, c, requests, timeout)
-            cell = dict(policy=spec.name, concurrency=c, **summarize_cell(samples, wall, refs, jobs))
+        pooled: list[tuple[list[Sample], list[float], list[float]]] = [([], [], []) for _ in specs]
+        for r in range(rounds):
+            for j in [(r + i) % n for i in range(n)]:
+                samples, wall = run_cell(url, jobs, specs[j], c, requests, timeout)
+                pooled[j][0].extend(samples)
+                pooled[j][1].append(wall)
+                pooled[j][2].append(round(sum(len(x.ids) for x in samples if x.error is None) / max(wall, 1e-9), 2))
+                if rounds > 1:
+                    log.info("c=%d %s round %d: %.1f tok/s", c, specs[j].name, r + 1, pooled[j][2][-1])
+        for spec, (samples, walls, per_round) in zip(specs, pooled):
+            cell = dict(policy=spec.name, concurrency=c, **summarize_cell(samples, sum(walls), refs, jobs))
+            if rounds > 1:
+                cell["tok_s_rounds"] = per_round
             log.info("c=%d %s: %.1f tok/s, TTFT p50 %s ms, ITL p50 %s ms, mean K %.2f, wrong %d, errors %d", c,
                      spec.name, cell["tok_s"], cell["ttft_ms"]["p50"], cell["itl_ms"]["p50"], cell["mean_k"],
                      cell["wrong"], cell["errors"])
@@ -328,6 +341,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="tokens of a long code context (default 1024, clipped to the build's room)")
     p.add_argument("--threads", default=None, help="with --repo: the server's DSPARK_THREADS (default: auto)")
     p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run each level's policies this many times, order rotated; cells pool their rounds")
     p.add_argument("--out", type=Path, default=None, help="results folder (default runs/bench_serving/<UTC stamp>)")
     p.add_argument("--no-plot", action="store_true", help="skip grid.png (no matplotlib needed)")
     p.add_argument("--export-aiperf", type=Path, default=None, metavar="JSONL",
@@ -338,8 +353,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for k, v in defaults.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
-    if any(c < 1 or c > 256 for c in args.concurrency) or args.requests_per_cell < 1 or args.max_tokens < 1:
-        raise InvalidArgumentError("need 1 ≤ --concurrency ≤ 256, --requests-per-cell ≥ 1 and --max-tokens ≥ 1")
+    if any(c < 1 or c > 256 for c in args.concurrency) or args.requests_per_cell < 1 or args.max_tokens < 1 or \
+            args.rounds < 1:
+        raise InvalidArgumentError("need 1 ≤ --concurrency ≤ 256, --requests-per-cell ≥ 1, --max-tokens ≥ 1 and "
+                                   "--rounds ≥ 1")
     return args
 
 
@@ -370,13 +387,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("grid: concurrency %s × %s, %d request(s)/client/cell, max_tokens %d, γ %d, %d KV slots",
                  args.concurrency, [s.name for s in specs], args.requests_per_cell, args.max_tokens, cfg.gamma,
                  cfg.max_batch)
-        result = run_grid(url, specs, args.concurrency, args.requests_per_cell, jobs, args.request_timeout)
+        result = run_grid(url, specs, args.concurrency, args.requests_per_cell, jobs, args.request_timeout,
+                          rounds=args.rounds)
     finally:
         if server is not None:
             server.stop()
     result["setup"] = {"repo": str(args.repo or args.url), "gamma": cfg.gamma, "kv_slots": cfg.max_batch,
                        "max_seq_len": cfg.max_seq_len, "max_queue": cfg.max_queue, "threads": args.threads or "auto",
-                       "requests_per_cell": args.requests_per_cell, "max_tokens": args.max_tokens,
+                       "requests_per_cell": args.requests_per_cell, "rounds": args.rounds, "max_tokens": args.max_tokens,
                        "long_tokens": args.long_tokens, "concurrency": args.concurrency,
                        "policies": [asdict(s) for s in specs], "quick": args.quick,
                        "load_before": [round(x, 2) for x in load_before],

@@ -68,6 +68,29 @@ def test_mismatch_and_error_are_reported() -> None:
     assert "mismatch: plain c=1: job 1 (code) differs from its single-stream answer at token 1" in text
 
 
+def test_rounds_rotate_the_policy_order_and_pool_each_cell(monkeypatch: pytest.MonkeyPatch) -> None:
+    jobs = [grid.Job("chat", "a", True, 4), grid.Job("code", "b", False, 4)]
+    order: list[tuple[int, str]] = []
+    walls = iter([1.0, 2.0, 4.0, 1.0, 2.0, 4.0, 1.0, 2.0, 4.0])
+
+    def fake_cell(url, jobs_, spec, c, requests, timeout):  # noqa: ANN001, ANN202
+        order.append((c, spec.name))
+        return [grid.Sample(i % 2, ids=[1, 2, 3, 4], t_send=0.0, t_first=0.01, gaps=[0.002]) for i in range(c)], \
+            next(walls)
+
+    monkeypatch.setattr(grid, "run_cell", fake_cell)
+    monkeypatch.setattr(grid, "reference_answers", lambda url, jobs_, needed, timeout: {0: [1, 2, 3, 4],
+                                                                                         1: [1, 2, 3, 4]})
+    specs = grid.policy_specs(["plain", "fixed3", "survival"], gamma=GAMMA, min_k=1)
+    result = grid.run_grid("u", specs, [2], 1, jobs, timeout=1.0, rounds=3)
+    assert [n for _, n in order] == ["plain", "fixed3", "survival", "fixed3", "survival", "plain",
+                                     "survival", "plain", "fixed3"]  # no row always first
+    cells = {c["policy"]: c for c in result["cells"]}
+    assert len(result["cells"]) == 3 and all(c["ok"] == 6 and c["tokens"] == 24 for c in cells.values())
+    assert cells["plain"]["tok_s_rounds"] == [8.0, 2.0, 4.0]  # plain's walls: 1.0, 4.0, 2.0
+    assert cells["plain"]["tok_s"] == round(24 / 7.0, 2)  # pooled tokens over the summed wall
+
+
 def _setup() -> dict:
     return {"repo": "r", "gamma": GAMMA, "kv_slots": 16, "max_seq_len": MAX_SEQ_LEN, "max_queue": 64,
             "threads": "auto", "requests_per_cell": 1, "max_tokens": 12, "long_tokens": 120, "load_before": [0, 0, 0],
