@@ -12,6 +12,7 @@ on the held-out prompts: the data → τ curve of one run) and OUT/stream.json (
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import shutil
@@ -147,10 +148,14 @@ def stream_train(cfg: TrainConfig, scfg: StreamConfig, target_dir: Path, seqs: S
             break
         t0 = time.time()
         fdir = out / "chunk"
-        if fdir.exists():
-            shutil.rmtree(fdir)
-        cache_features(tgt, [seqs[i] for i in ch.seqs], [starts[i] for i in ch.seqs], fdir, topk=cfg.topk,
-                       max_len=cfg.max_len)
+        mark = {"chunk": ch.index, "seqs": hashlib.sha256(json.dumps(ch.seqs).encode()).hexdigest(), "taps": list(taps)}
+        kept = fdir / "stream_chunk.json"
+        if not (kept.exists() and json.loads(kept.read_text()) == mark):  # a chunk cut by the budget keeps its pass
+            if fdir.exists():
+                shutil.rmtree(fdir)
+            cache_features(tgt, [seqs[i] for i in ch.seqs], [starts[i] for i in ch.seqs], fdir, topk=cfg.topk,
+                           max_len=cfg.max_len)
+            kept.write_text(json.dumps(mark))
         t1 = time.time()
         have_state = state_path.exists()
         met = train(dataclasses.replace(cfg, stop_step=ch.step_end), hf, target_dir, [fdir], out, resume=have_state,
