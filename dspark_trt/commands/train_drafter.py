@@ -73,6 +73,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stream with --init-from: the step the earlier run reached (its stream.json), to continue there")
 
 
+def _corpus(args: argparse.Namespace, target_dir: Path, cfg: TrainConfig) -> tuple[list[list[int]], list[int]]:
+    from transformers import AutoTokenizer
+
+    from dspark_trt.train.corpus import load_corpus
+
+    seqs, starts = load_corpus(args.corpus, AutoTokenizer.from_pretrained(target_dir), cfg.max_tokens,
+                               window=cfg.max_len, seed=cfg.seed)
+    if not seqs:
+        raise InvalidArgumentError(f"No usable text in --corpus {args.corpus}. Fix: pass text files, directories or "
+                                   "chat .jsonl files written by dspark_trt.train.chatgen.")
+    return seqs, starts
+
+
 def _features(args: argparse.Namespace, target_dir: Path, layers: tuple[int, ...] | None, cfg: TrainConfig) -> Path:
     from transformers import AutoTokenizer
 
@@ -87,11 +100,7 @@ def _features(args: argparse.Namespace, target_dir: Path, layers: tuple[int, ...
     if meta.exists() and tuple(json.loads(meta.read_text())["layer_ids"]) == tuple(taps):
         log.info("reusing cached features in %s", fdir)
         return fdir
-    tok = AutoTokenizer.from_pretrained(target_dir)
-    seqs, starts = load_corpus(args.corpus, tok, cfg.max_tokens, window=cfg.max_len, seed=cfg.seed)
-    if not seqs:
-        raise InvalidArgumentError(f"No usable text in --corpus {args.corpus}. Fix: pass text files, directories or "
-                                   "chat .jsonl files written by dspark_trt.train.chatgen.")
+    seqs, starts = _corpus(args, target_dir, cfg)
     if args.teacher == "runtime":
         target = RuntimeTarget.load(target_dir, taps, max_len=cfg.max_len)
     else:
@@ -134,9 +143,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _stream(args: argparse.Namespace, cfg: TrainConfig) -> int:
-    from transformers import AutoTokenizer
-
-    from dspark_trt.train.corpus import load_corpus
     from dspark_trt.train.stream import StreamConfig, stream_train
 
     if args.features_only or args.extra_features or args.train_tokens:
@@ -145,11 +151,7 @@ def _stream(args: argparse.Namespace, cfg: TrainConfig) -> int:
     scfg = StreamConfig(chunk_tokens=args.stream_chunk_tokens, anchors_per_token=args.anchors_per_token,
                         milestones=tuple(int(float(x)) for x in args.milestones.split(",") if x.strip()),
                         max_minutes=args.max_minutes, start_step=args.start_step)
-    tok = AutoTokenizer.from_pretrained(args.target)
-    seqs, starts = load_corpus(args.corpus, tok, cfg.max_tokens, window=cfg.max_len, seed=cfg.seed)
-    if not seqs:
-        raise InvalidArgumentError(f"No usable text in --corpus {args.corpus}. Fix: pass text files, directories or "
-                                   "chat .jsonl files written by dspark_trt.train.chatgen.")
+    seqs, starts = _corpus(args, Path(args.target), cfg)
     rec = stream_train(cfg, scfg, Path(args.target), seqs, starts, args.out, resume=args.resume,
                        init_from=args.init_from, teacher=args.teacher)
     log.info("stream at step %d of %d, %d answer tokens trained on%s", rec.get("step", 0), rec["plan"]["total_steps"],

@@ -59,7 +59,7 @@ def load_corpus(paths: Sequence[Path], tokenizer, max_tokens: int, window: int =
     text = [f for f in files if not _is_chat(f)]
     total = 0
     for f in chat:
-        for line in _read_text(f).splitlines():
+        for line in (_read_text(f) or "").splitlines():
             rec = json.loads(line)
             ids, pl = rec["ids"][:window], int(rec["prompt_len"])
             if len(ids) - pl >= 4:

@@ -95,6 +95,17 @@ def measure(target, drafter, prompts: Sequence[tuple[str, Sequence[int]]], gamma
     return res
 
 
+def held_out_prompts(tok, n: int = 0) -> list[tuple[str, list[int]]]:  # noqa: ANN001
+    """(kind, chat-template ids) of the held-out prompts; n > 0: every (18 // n)-th, keeping the code/chat/math mix."""
+    from dspark_trt.train.chatgen import chat_prompt_ids
+    from dspark_trt.train.prompts import HELD_OUT_PROMPTS
+
+    sel = HELD_OUT_PROMPTS
+    if n:
+        sel = [x for i, x in enumerate(HELD_OUT_PROMPTS) if i % max(1, len(HELD_OUT_PROMPTS) // n) == 0]
+    return [(k, chat_prompt_ids(tok, t)) for k, t in sel]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", type=Path, required=True)
@@ -113,8 +124,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(a.threads)
     from dspark_trt.runtime.drafters import load_drafter
     from dspark_trt.runtime.hf_loader import load_hf_checkpoint, load_tokenizer
-    from dspark_trt.train.chatgen import chat_prompt_ids
-    from dspark_trt.train.prompts import HELD_OUT_PROMPTS
 
     dt = getattr(torch, a.dtype)
     target = load_hf_checkpoint(a.target, dtype=dt).to(a.device)
@@ -122,10 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if hasattr(drafter, "model") and hasattr(drafter.model, "int8_head"):
         drafter.model.int8_head = a.draft_head == "int8"
     tok = load_tokenizer(a.target)
-    sel = HELD_OUT_PROMPTS
-    if a.n_prompts:  # keep the code/chat/math mix
-        sel = [x for i, x in enumerate(HELD_OUT_PROMPTS) if i % max(1, len(HELD_OUT_PROMPTS) // a.n_prompts) == 0]
-    prompts = [(k, chat_prompt_ids(tok, t)) for k, t in sel]
+    prompts = held_out_prompts(tok, a.n_prompts)
     eos = [int(tok.eos_token_id)]
     res = measure(target, drafter, prompts, [int(g) for g in a.gammas.split(",")], a.max_new, eos)
     res.update({"prompts": len(prompts), "max_new_tokens": a.max_new, "dtype": a.dtype, "threads": a.threads, "device": a.device,

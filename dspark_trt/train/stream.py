@@ -37,7 +37,7 @@ class StreamConfig:
     milestones: tuple[int, ...] = ()  # answer tokens trained on at which the drafter is kept and loop-measured
     max_minutes: float = 60.0  # wall budget of this call (teacher passes + training + milestones)
     start_step: int = 0  # --init-from: where the stream continues (stream.json of the earlier run says)
-    eval_prompts: int = 9  # held-out prompts of a milestone's loop measurement
+    eval_prompts: int = 9  # held-out prompts of a milestone's loop measurement (0 = all 18)
     eval_max_new: int = 64
 
     def __post_init__(self) -> None:
@@ -90,16 +90,13 @@ def _milestone(target: torch.nn.Module, drafter_dir: Path, out: Path, scfg: Stre
     """Copy the exported drafter to out and measure it in the real loop at fixed K = γ (lossless checked)."""
     from dspark_trt.runtime.drafters import load_drafter
     from dspark_trt.runtime.hf_loader import load_tokenizer
-    from dspark_trt.train.chatgen import chat_prompt_ids
-    from dspark_trt.train.evaluate import measure
-    from dspark_trt.train.prompts import HELD_OUT_PROMPTS
+    from dspark_trt.train.evaluate import held_out_prompts, measure
 
     if out.exists():
         shutil.rmtree(out)
     shutil.copytree(drafter_dir, out / "drafter")
     tok = load_tokenizer(target_dir)
-    step = max(1, len(HELD_OUT_PROMPTS) // max(1, scfg.eval_prompts))
-    prompts = [(k, chat_prompt_ids(tok, t)) for k, t in HELD_OUT_PROMPTS[::step][:scfg.eval_prompts]]
+    prompts = held_out_prompts(tok, scfg.eval_prompts)
     drafter = load_drafter(out / "drafter", target, dtype=next(target.parameters()).dtype, target_dir=target_dir)
     res = measure(target, drafter, prompts, [gamma], scfg.eval_max_new, [int(tok.eos_token_id)])
     (out / "loop.json").write_text(json.dumps(res, indent=2))

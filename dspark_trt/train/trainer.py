@@ -127,7 +127,8 @@ def _save_state(path: Path, model: DSparkModel, opt: torch.optim.Optimizer, step
                 elapsed: float, cfg: TrainConfig, opt_start: int = 0) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "total": total,
-                "elapsed": elapsed, "opt_start": opt_start, "cfg": dataclasses.asdict(cfg), "dspark_cfg": model.cfg.to_dict()}, tmp)
+                "elapsed": elapsed, "opt_start": opt_start, "cfg": dataclasses.asdict(cfg),
+                "dspark_cfg": model.cfg.to_dict()}, tmp)
     tmp.replace(path)
 
 
