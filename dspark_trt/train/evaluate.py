@@ -1,6 +1,7 @@
 """Honest drafter measurement in the real draft-and-verify loop (spec_decode.loop + runtime.backend.SpecBackend).
 
-Owns: running held-out prompts (train.prompts.HELD_OUT_PROMPTS, never trained on) greedily at fixed K = γ,
+Owns: running held-out prompts (train.prompts.HELD_OUT_PROMPTS, never trained on; or `unanswered_prompts`: prompts of
+the training generators the data set never answered) greedily at fixed K = γ,
 checking the output equals plain greedy decoding (lossless), and reporting τ, acceptance per position,
 and drafter cost (mean propose time) as a fraction of one target decode step and of one verify pass.
 """
@@ -106,13 +107,58 @@ def held_out_prompts(tok, n: int = 0) -> list[tuple[str, list[int]]]:  # noqa: A
     return [(k, chat_prompt_ids(tok, t)) for k, t in sel]
 
 
+DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "chatgen"  # the committed data set (a source checkout)
+
+
+def _records(paths: Sequence[Path]) -> list[dict]:
+    import gzip
+
+    out: list[dict] = []
+    for path in paths:
+        with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as f:  # noqa: SIM115
+            out += [json.loads(line) for line in f if line.strip()]
+    return out
+
+
+def unanswered_prompts(tok, n: int, data_dir: Path = DATA_DIR, seed: int = 0,  # noqa: ANN001
+                       total: int = 30000) -> list[tuple[str, list[int]]]:
+    """(kind, chat-template ids) of n prompts from the training prompt generators that the data set never answered:
+    `chatgen.build_data`'s single-turn list (`scaled_prompts(total, seed, extra=the self-instruct questions)`, rebuilt
+    from the data's own self-instruct file) less every prompt key in the data files, every (len // n)-th kept —
+    in-distribution prompts no drafter trained on this data has seen (beside the hand-written held-out set, which
+    differs in style). kind: code / math / other (`prompt_kind`). A rerun of chatgen that answers them ends this."""
+    from dspark_trt.errors import InvalidArgumentError
+    from dspark_trt.train import prompt_sources_scale as ps
+    from dspark_trt.train.chatgen import chat_prompt_ids
+
+    files = sorted(Path(data_dir).glob("*.jsonl*"))
+    if not files:
+        raise InvalidArgumentError(f"no data files (*.jsonl, *.jsonl.gz) in {data_dir}. Fix: pass --data-dir of the "
+                                   "chatgen data set (data/chatgen in a source checkout).")
+    si = [f for f in files if ".self_instruct." in f.name]
+    recs = _records(files)
+    done = {r["prompt"] for r in recs}
+    questions = ps.questions_from_answers(tok.decode(r["ids"][r["prompt_len"]:], skip_special_tokens=True)
+                                          for r in _records(si)) if si else []
+    rest = [p for p in ps.scaled_prompts(total, seed=seed, extra=questions) if ps.prompt_key(p) not in done]
+    if len(rest) < n:
+        raise InvalidArgumentError(f"only {len(rest)} unanswered prompts are left in the generators' first {total}; "
+                                   f"ask for fewer (--n-prompts) or a larger total")
+    sel = rest[:: max(1, len(rest) // n)][:n]
+    return [(ps.prompt_kind(p), chat_prompt_ids(tok, p)) for p in sel]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--target", type=Path, required=True)
     p.add_argument("--drafter", type=Path, required=True)
     p.add_argument("--gammas", default="4,6,8")
     p.add_argument("--max-new", type=int, default=96)
-    p.add_argument("--n-prompts", type=int, default=0, help="0 = all held-out prompts")
+    p.add_argument("--n-prompts", type=int, default=0, help="0 = all held-out prompts (unanswered: 36)")
+    p.add_argument("--prompt-source", choices=("held-out", "unanswered"), default="held-out",
+                   help="held-out: the 18 hand-written prompts; unanswered: prompts of the training generators the "
+                        "data set never answered (in-distribution, never trained on)")
+    p.add_argument("--data-dir", type=Path, default=DATA_DIR, help="the chatgen data set (--prompt-source unanswered)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cpu", help="where target and drafter run (cuda on a GPU host)")
@@ -131,10 +177,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if hasattr(drafter, "model") and hasattr(drafter.model, "int8_head"):
         drafter.model.int8_head = a.draft_head == "int8"
     tok = load_tokenizer(a.target)
-    prompts = held_out_prompts(tok, a.n_prompts)
+    prompts = (held_out_prompts(tok, a.n_prompts) if a.prompt_source == "held-out"
+               else unanswered_prompts(tok, a.n_prompts or 36, a.data_dir))
     eos = [int(tok.eos_token_id)]
     res = measure(target, drafter, prompts, [int(g) for g in a.gammas.split(",")], a.max_new, eos)
-    res.update({"prompts": len(prompts), "max_new_tokens": a.max_new, "dtype": a.dtype, "threads": a.threads, "device": a.device,
+    res.update({"prompts": len(prompts), "prompt_source": a.prompt_source, "max_new_tokens": a.max_new, "dtype": a.dtype, "threads": a.threads, "device": a.device,
                 "draft_head": a.draft_head})
     text = json.dumps(res, indent=2)
     if a.json:

@@ -164,10 +164,11 @@ def stream_train(cfg: TrainConfig, scfg: StreamConfig, target_dir: Path, seqs: S
         rec["chunks"].append({"index": ch.index, "complete": complete, "step": step, "tokens": ch.tokens,
                               "answer_tokens": ch.answer_tokens, "teacher_s": round(t1 - t0, 1),
                               "train_s": round(time.time() - t1, 1), "trained_answer_tokens": trained_ans,
-                              "heldout_tau_tf": met.get("heldout_tau_tf"), "heldout_alpha_tf": met.get("heldout_alpha_tf")})
-        log.info("stream chunk %d/%d %s at step %d: teacher %.0f s, train %.0f s, held-out τ_tf %.3f",
+                              "heldout_tau_tf": met.get("heldout_tau_tf"), "heldout_alpha_tf": met.get("heldout_alpha_tf"),
+                              "heldout_path_tau": met.get("heldout_path_tau")})
+        log.info("stream chunk %d/%d %s at step %d: teacher %.0f s, train %.0f s, held-out τ_tf %.3f, loop-path τ %s",
                  ch.index + 1, len(chunks), "done" if complete else "cut", step, t1 - t0, time.time() - t1,
-                 met.get("heldout_tau_tf") or 0.0)
+                 met.get("heldout_tau_tf") or 0.0, met.get("heldout_path_tau"))
         reached = [m for m in scfg.milestones if complete and trained_ans - ch.answer_tokens < m <= trained_ans]
         for m in reached:
             res = _milestone(tgt.model if teacher == "runtime" else _runtime_target(target_dir),

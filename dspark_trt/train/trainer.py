@@ -60,6 +60,8 @@ class TrainConfig:
     threads: int = 2
     topk: int = 16
     heldout_frac: float = 0.04
+    path_eval_seqs: int = 64  # held-out sequences whose greedy loop path is walked at the end (0 = none): τ along
+    # the loop's own anchors, the in-distribution proxy of loop τ (uniform-anchor τ_tf overstates it)
     max_tokens: int = 2_000_000
     train_tokens: int = 0  # > 0: train on a seeded subset of about this many answer tokens (the data → τ curve)
     loss: LossWeights = field(default_factory=LossWeights)
@@ -282,16 +284,21 @@ def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_
         model.load_state_dict(best_state)
         ev = evaluate(model, stores, held_refs, t2d, cfg)
     report = sts(ev["conf"], ev["match"]) if ev and ev.get("conf") is not None else None
+    held_path = (rollout(model, stores, held_refs[:cfg.path_eval_seqs], cfg.gamma, cfg.max_len, cfg.autocast_bf16)
+                 if cfg.path_eval_seqs > 0 else [])
     export(model, out / "drafter", report)
     metrics = {"steps": step, "best_step": best_step, "wall_minutes": round(wall / 60, 2), "trainable_params": n_params,
                "train_sequences": len(train_refs), "heldout_sequences": len(held_refs),
                "train_tokens": int(sum(stores[r.store].seq(r.index)[1] - stores[r.store].seq(r.index)[0] for r in train_refs)),
-               "heldout_alpha_tf": ev.get("alpha"), "heldout_tau_tf": ev.get("tau_tf"), "history": history,
+               "heldout_alpha_tf": ev.get("alpha"), "heldout_tau_tf": ev.get("tau_tf"),
+               "heldout_path_tau": round(path_tau(held_path), 3) if held_path else None,
+               "heldout_paths": len(held_path), "history": history,
                "onpolicy_rollouts": rollouts, "config": json.loads(json.dumps(dataclasses.asdict(cfg), default=str))}
     if report is not None:
         metrics["calibration"] = {"temperatures": report.temperatures, "ece_before": report.ece_before,
                                   "ece_after": report.ece_after, "auc": report.auc, "auc_survival": report.auc_survival,
                                   "mean_ece_before": report.mean_ece_before, "mean_ece_after": report.mean_ece_after}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    log.info("done: %d steps in %.1f min; held-out α %s τ_tf %.3f", step, wall / 60, ev.get("alpha"), ev.get("tau_tf", 0))
+    log.info("done: %d steps in %.1f min; held-out α %s τ_tf %.3f, loop-path τ %s over %d sequences", step, wall / 60,
+             ev.get("alpha"), ev.get("tau_tf", 0), metrics["heldout_path_tau"], len(held_path))
     return metrics

@@ -69,3 +69,6 @@ def test_cli_on_policy_phase_trains_and_records_its_rollouts(tiny_pair, tmp_path
     met = json.loads((tmp_path / "o" / "metrics.json").read_text())
     assert met["steps"] == 6 and [r["step"] for r in met["onpolicy_rollouts"]] == [2, 5]
     assert all(r["paths"] > 0 and r["loop_tau"] >= 1.0 for r in met["onpolicy_rollouts"])
+    # the held-out loop path, walked once at the end: τ along the loop's own anchors, never above uniform τ_tf's
+    # ceiling of γ + 1
+    assert met["heldout_paths"] > 0 and 1.0 <= met["heldout_path_tau"] <= 5.0
