@@ -39,12 +39,22 @@ def dspark_loss(logits: torch.Tensor, conf_logit: torch.Tensor | None, topk_ids:
     Only two passes touch the full [N, γ, Vd] tensor (log_softmax and one gather): CE and L1 need the
     draft's log-probs at the teacher's top-k ids only (the top-1 is the CE label; the tail mass is
     1 − Σ top-k). The rest works on [N, γ, k]."""
-    N, G, Vd = logits.shape
     logp_d = torch.log_softmax(logits, dim=-1)  # [N, γ, Vd]
+    lp_on = logp_d.gather(-1, t2d[topk_ids].clamp(min=0))  # [N, γ, k]
+    return dspark_loss_topk(lp_on, logits.argmax(-1) if with_acc else None, conf_logit, topk_ids, topk_logp, t2d,
+                            valid, w)
+
+
+def dspark_loss_topk(lp_on: torch.Tensor, argmax: torch.Tensor | None, conf_logit: torch.Tensor | None,
+                     topk_ids: torch.Tensor, topk_logp: torch.Tensor, t2d: torch.Tensor, valid: torch.Tensor,
+                     w: LossWeights = LossWeights()) -> LossOut:
+    """dspark_loss from what it reads of the logits: lp_on [N, γ, k] the draft's log-probs at the teacher's top-k
+    (draft ids t2d[topk_ids] clamped to ≥ 0; train.head_loss computes them without the full logits) and argmax
+    [N, γ] draft ids (None: no accuracy)."""
+    N, G, _ = lp_on.shape
     p_t = topk_logp.float().exp()  # [N, γ, k]
     dids = t2d[topk_ids]  # [N, γ, k] draft ids or −1
     in_d = dids >= 0
-    lp_on = logp_d.gather(-1, dids.clamp(min=0))  # [N, γ, k]
     pd_on = torch.where(in_d, lp_on.exp(), torch.zeros_like(p_t))  # [N, γ, k]
     tail_t = (1.0 - p_t.sum(-1)).clamp(min=0.0)  # target mass outside top-k
     tail_d = (1.0 - pd_on.sum(-1)).clamp(min=0.0)  # draft mass outside top-k
@@ -52,20 +62,20 @@ def dspark_loss(logits: torch.Tensor, conf_logit: torch.Tensor | None, topk_ids:
     on = valid > 0  # valid: bool, or float weights (the on-policy reach)
     ce_ok = in_d[..., 0] & on  # CE label = the teacher's top-1, when it is in the draft vocabulary
     vf = valid.float()
-    pos_w = torch.exp(-torch.arange(G, device=logits.device, dtype=torch.float32) / w.decay)  # [γ]
+    pos_w = torch.exp(-torch.arange(G, device=lp_on.device, dtype=torch.float32) / w.decay)  # [γ]
     denom = vf.sum().clamp(min=1.0)
     ce = -(lp_on[..., 0] * ce_ok.float()).sum() / ce_ok.float().sum().clamp(min=1.0)
     l1_term = (l1 * pos_w * vf).sum() / denom
-    bce = logits.new_zeros(())
+    bce = lp_on.new_zeros(())
     if conf_logit is not None:
         target = (1.0 - 0.5 * l1).detach().clamp(0.0, 1.0)
         bce = (F.binary_cross_entropy_with_logits(conf_logit, target, reduction="none") * vf).sum() / denom
     total = w.ce * ce + w.l1 * l1_term + w.bce * bce
     acc = torch.zeros(G)
-    if with_acc:
+    if argmax is not None:
         with torch.no_grad():
             label = torch.where(in_d[..., 0], dids[..., 0], torch.full_like(dids[..., 0], -100))
-            hit = (logits.argmax(-1) == label) & on
+            hit = (argmax == label) & on
             acc = hit.float().sum(0) / on.float().sum(0).clamp(min=1.0)
     return LossOut(total, ce.detach(), l1_term.detach(), bce.detach(), acc)
 

@@ -28,7 +28,8 @@ from dspark_trt.runtime.drafters import DSparkModel, save_dspark, target_weights
 from dspark_trt.train.batches import Batch, SeqRef, eligible, make_batch, split, take_tokens, token_counts
 from dspark_trt.train.calibrate import CalibrationReport, sts
 from dspark_trt.train.features import FeatureStore
-from dspark_trt.train.loss import LossWeights, dspark_loss, make_t2d
+from dspark_trt.train.head_loss import draft_logprobs
+from dspark_trt.train.loss import LossWeights, dspark_loss, dspark_loss_topk, make_t2d
 from dspark_trt.train.model_init import frequent_tokens, init_from_target, new_config
 from dspark_trt.train.onpolicy import OnPolicyConfig, onpolicy_batch, path_tau, rollout
 
@@ -67,6 +68,7 @@ class TrainConfig:
     loss: LossWeights = field(default_factory=LossWeights)
     onpolicy: OnPolicyConfig = field(default_factory=OnPolicyConfig)  # loop-path batches mixed with replay
     autocast_bf16: bool = True
+    fused_head: bool = True  # log-probs at the teacher's top-k chunk by chunk (train.head_loss), not from [N, γ, Vd]
 
 
 def _device() -> torch.device:
@@ -84,17 +86,43 @@ def _to(b: Batch, dev: torch.device) -> Batch:
     return Batch(*(getattr(b, f.name).to(dev) for f in dataclasses.fields(Batch)))
 
 
+def _head_in(model: DSparkModel, dtype: torch.dtype) -> torch.Tensor:
+    """The frozen draft-vocab head [Vd, d] in the products' dtype, cast once (not per step, as autocast would)."""
+    _, head = model._need_target()
+    hit = model.__dict__.get("_head_cast")
+    key = (head.data_ptr(), head.dtype, dtype)
+    if hit is None or hit[0] != key:
+        hit = model.__dict__["_head_cast"] = (key, head.detach().to(dtype).contiguous())
+    return hit[1]
+
+
 def forward_loss(model: DSparkModel, b: Batch, t2d: torch.Tensor, cfg: TrainConfig,  # noqa: ANN201
                  with_acc: bool = True):
-    """One teacher-forced forward + loss on a batch (→ LossOut, conf_logit [N, γ], match [N, γ])."""
+    """One teacher-forced forward + loss on a batch → (LossOut, greedy draft ids [B, A, γ], conf_logit [B, A, γ]).
+    cfg.fused_head: the log-probs at the teacher's top-k from train.head_loss (no [B, A, γ, Vd] tensor); else from
+    forward_train's full logits (the reference the fused path is tested against)."""
     dev = b.features.device
-    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
-        _, logits, conf = model.forward_train(b.features, b.tokens, b.anchors, cfg.gamma)  # [B, A, γ, Vd]
     G = cfg.gamma
-    lo = dspark_loss(logits.float().reshape(-1, G, logits.shape[-1]), None if conf is None else conf.float().reshape(-1, G),
-                     b.topk_ids.reshape(-1, G, b.topk_ids.shape[-1]), b.topk_logp.reshape(-1, G, b.topk_logp.shape[-1]),
-                     t2d, b.valid.reshape(-1, G), cfg.loss, with_acc=with_acc)
-    return lo, logits, conf
+    ids, logp = b.topk_ids.reshape(-1, G, b.topk_ids.shape[-1]), b.topk_logp.reshape(-1, G, b.topk_logp.shape[-1])
+    valid = b.valid.reshape(-1, G)
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.autocast_bf16):
+        if not cfg.fused_head:
+            _, logits, conf = model.forward_train(b.features, b.tokens, b.anchors, G)  # [B, A, γ, Vd]
+        else:
+            hid, w1x, conf = model.forward_train_parts(b.features, b.tokens, b.anchors, G)  # [B, A, γ, d]
+    conf2 = None if conf is None else conf.float().reshape(-1, G)
+    if not cfg.fused_head:
+        lo = dspark_loss(logits.float().reshape(-1, G, logits.shape[-1]), conf2, ids, logp, t2d, valid, cfg.loss,
+                         with_acc=with_acc)
+        return lo, logits.argmax(-1), conf
+    head = _head_in(model, torch.bfloat16 if cfg.autocast_bf16 else hid.dtype)
+    d = hid.shape[-1]
+    w2 = model.markov_w2.weight if w1x is not None else None
+    lp_on, am = draft_logprobs(hid.reshape(-1, d), head, None if w1x is None else w1x.reshape(-1, w1x.shape[-1]), w2,
+                               t2d[ids].clamp(min=0).reshape(-1, ids.shape[-1]))  # [N·γ, k], [N·γ]
+    lo = dspark_loss_topk(lp_on.view(ids.shape), am.view(valid.shape) if with_acc else None, conf2, ids, logp, t2d,
+                          valid, cfg.loss)
+    return lo, am.view(hid.shape[:-1]), conf
 
 
 @torch.no_grad()
@@ -110,9 +138,9 @@ def evaluate(model: DSparkModel, stores: Sequence[FeatureStore], refs: Sequence[
         rng = np.random.default_rng([cfg.seed, 10**9 + i])
         pick = [refs[j] for j in rng.integers(0, len(refs), size=cfg.batch_seqs)]
         b = _to(make_batch(stores, pick, rng, cfg.anchors, cfg.gamma, cfg.max_len), dev)
-        lo, logits, conf = forward_loss(model, b, t2d, cfg, with_acc=False)
+        lo, draft, conf = forward_loss(model, b, t2d, cfg, with_acc=False)  # draft [B, A, γ] greedy draft ids
         top1 = t2d[b.topk_ids[..., 0]]  # [B, A, γ]
-        matches.append((logits.argmax(-1) == top1).reshape(-1, cfg.gamma).float().cpu())
+        matches.append((draft == top1).reshape(-1, cfg.gamma).float().cpu())
         if conf is not None:
             confs.append(conf.float().reshape(-1, cfg.gamma).cpu())
         losses.append(float(lo.total.detach()))

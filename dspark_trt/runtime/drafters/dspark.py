@@ -197,6 +197,13 @@ class DSparkModel(nn.Module):
         """features [B, L, F], tokens [B, L], anchors [B, A] (1 ≤ a ≤ L−γ) →
         (hidden [B, A, γ, d], logits [B, A, γ, Vd] float32 incl. Markov bias, conf_logit [B, A, γ] | None).
         Slot i of anchor a predicts token a+i+1; its Markov input is the teacher token x = tokens[a+i]."""
+        hid, w1x, conf = self.forward_train_parts(features, tokens, anchors, gamma)
+        return hid, self.base_logits(hid) + self.markov_bias(w1x), conf
+
+    def forward_train_parts(self, features: torch.Tensor, tokens: torch.Tensor, anchors: torch.Tensor,
+                            gamma: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """forward_train without the logits: (hidden [B, A, γ, d], W1[x] [B, A, γ, r] | None, conf_logit) — the
+        trainer turns them into log-probs chunk by chunk (train.head_loss), never holding [B, A, γ, Vd]."""
         B, L, _ = features.shape
         A = anchors.shape[1]
         dev = features.device
@@ -213,8 +220,7 @@ class DSparkModel(nn.Module):
         hid = self.backbone(h, bpos, kv, mask).view(B, A, gamma, -1)
         prev = tokens.gather(1, bpos).view(B, A, gamma)  # x_{k-1}: anchor, then teacher tokens
         w1x = self.markov_embed(prev)
-        logits = self.base_logits(hid) + self.markov_bias(w1x)
-        return hid, logits, self.confidence_logit(hid, w1x)
+        return hid, w1x, self.confidence_logit(hid, w1x)
 
 
 class DSparkDrafter:
