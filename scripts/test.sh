@@ -9,4 +9,4 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTH
 # cached), rather than inside the first test or server stub that needs them; the engine tests compare them all.
 "$VENV/bin/python" -c "import logging, sys; logging.basicConfig(level=logging.INFO, format='%(message)s')
 from dspark_trt.runtime import native; native.available(); print('native engines here:', native.runnable_engines())" >&2
-exec "$VENV/bin/python" -m pytest -q --timeout=600 "$@"
+exec "$VENV/bin/python" -m pytest -q --timeout=600 --durations=30 "$@"

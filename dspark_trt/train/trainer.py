@@ -90,10 +90,9 @@ def _head_in(model: DSparkModel, dtype: torch.dtype) -> torch.Tensor:
     """The frozen draft-vocab head [Vd, d] in the products' dtype, cast once (not per step, as autocast would)."""
     _, head = model._need_target()
     hit = model.__dict__.get("_head_cast")
-    key = (head.data_ptr(), head.dtype, dtype)
-    if hit is None or hit[0] != key:
-        hit = model.__dict__["_head_cast"] = (key, head.detach().to(dtype).contiguous())
-    return hit[1]
+    if hit is None or hit[0] is not head or hit[1] != (head._version, dtype):  # the very tensor, unmodified
+        hit = model.__dict__["_head_cast"] = (head, (head._version, dtype), head.detach().to(dtype).contiguous())
+    return hit[2]
 
 
 def forward_loss(model: DSparkModel, b: Batch, t2d: torch.Tensor, cfg: TrainConfig,  # noqa: ANN201
@@ -138,7 +137,9 @@ def evaluate(model: DSparkModel, stores: Sequence[FeatureStore], refs: Sequence[
         rng = np.random.default_rng([cfg.seed, 10**9 + i])
         pick = [refs[j] for j in rng.integers(0, len(refs), size=cfg.batch_seqs)]
         b = _to(make_batch(stores, pick, rng, cfg.anchors, cfg.gamma, cfg.max_len), dev)
-        lo, draft, conf = forward_loss(model, b, t2d, cfg, with_acc=False)  # draft [B, A, γ] greedy draft ids
+        # the full-logits path: without autograd its U product runs in fp32 on the native kernels, as every earlier
+        # held-out τ_tf was measured (the fused path would round U to bf16, as training does)
+        lo, draft, conf = forward_loss(model, b, t2d, dataclasses.replace(cfg, fused_head=False), with_acc=False)
         top1 = t2d[b.topk_ids[..., 0]]  # [B, A, γ]
         matches.append((draft == top1).reshape(-1, cfg.gamma).float().cpu())
         if conf is not None:
