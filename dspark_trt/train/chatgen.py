@@ -14,6 +14,7 @@ Rerun: `python -m dspark_trt.train.chatgen --out runs/data/chat.jsonl --prompts 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import logging
 import time
@@ -144,9 +145,11 @@ def generate_answers(target_dir: Path, prompts: Sequence[Item], out: Path, batch
 
 
 def _records(path: Path) -> list[dict]:
+    """The JSON records of a .jsonl or .jsonl.gz file ([] when it does not exist)."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def build_data(target_dir: Path, out: Path, prompts: int, self_instruct: int, follow_ups: int, seed: int = D.seed,

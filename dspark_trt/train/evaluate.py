@@ -110,16 +110,6 @@ def held_out_prompts(tok, n: int = 0) -> list[tuple[str, list[int]]]:  # noqa: A
 DATA_DIR = Path(__file__).resolve().parents[2] / "data" / "chatgen"  # the committed data set (a source checkout)
 
 
-def _records(paths: Sequence[Path]) -> list[dict]:
-    import gzip
-
-    out: list[dict] = []
-    for path in paths:
-        with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as f:  # noqa: SIM115
-            out += [json.loads(line) for line in f if line.strip()]
-    return out
-
-
 def unanswered_prompts(tok, n: int, data_dir: Path = DATA_DIR, seed: int = 0,  # noqa: ANN001
                        total: int = 30000) -> list[tuple[str, list[int]]]:
     """(kind, chat-template ids) of n prompts from the training prompt generators that the data set never answered:
@@ -129,17 +119,17 @@ def unanswered_prompts(tok, n: int, data_dir: Path = DATA_DIR, seed: int = 0,  #
     differs in style). kind: code / math / other (`prompt_kind`). A rerun of chatgen that answers them ends this."""
     from dspark_trt.errors import InvalidArgumentError
     from dspark_trt.train import prompt_sources_scale as ps
-    from dspark_trt.train.chatgen import chat_prompt_ids
+    from dspark_trt.train.chatgen import _records, chat_prompt_ids
 
     files = sorted(Path(data_dir).glob("*.jsonl*"))
     if not files:
         raise InvalidArgumentError(f"no data files (*.jsonl, *.jsonl.gz) in {data_dir}. Fix: pass --data-dir of the "
                                    "chatgen data set (data/chatgen in a source checkout).")
     si = [f for f in files if ".self_instruct." in f.name]
-    recs = _records(files)
+    recs = [r for f in files for r in _records(f)]
     done = {r["prompt"] for r in recs}
     questions = ps.questions_from_answers(tok.decode(r["ids"][r["prompt_len"]:], skip_special_tokens=True)
-                                          for r in _records(si)) if si else []
+                                          for f in si for r in _records(f)) if si else []
     rest = [p for p in ps.scaled_prompts(total, seed=seed, extra=questions) if ps.prompt_key(p) not in done]
     if len(rest) < n:
         raise InvalidArgumentError(f"only {len(rest)} unanswered prompts are left in the generators' first {total}; "
