@@ -1,8 +1,9 @@
 """Faults on a REAL tritonserver 2.51, each on its own server from the tiny build (never the session's `server`),
 every verify pass slowed (DSPARK_SERVE_FAULTS=slow:MS) so that the streams are mid-answer when the fault lands:
 
-- kill -9 of the `dspark` stub with 4 gRPC streams in flight: what Triton 2.51 does alone (the streams hang, the
-  model and the server stay READY, a new request fails with "is not healthy", the stub's shm region stays), then what
+- kill -9 of the `dspark` stub with 4 gRPC streams in flight: what Triton 2.51 does alone (usually the streams hang,
+  the model and the server stay READY, a new request fails with "is not healthy", the stub's shm region stays;
+  once, in CI, it dropped every stream's socket at once instead, and the test takes either), then what
   serve.supervisor.Supervisor does about it (restart: every client gets its error, the old server leaves nothing,
   the answers are exact again);
 - tritonserver stopped (our SIGTERM stop, and SIGKILL) with 4 streams in flight: errors within the bound, no
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -125,21 +127,35 @@ def test_stub_kill_mid_stream(tiny_build: Path, reference) -> None:  # noqa: ANN
         t_kill = time.monotonic()
         os.kill(stub.pid, signal.SIGKILL)
 
-        # Triton 2.51 on its own: no restart, no report, the streams hang, a new request fails fast.
+        # Triton 2.51 on its own does one of two things. Usually (every local run): no restart, no report, the
+        # streams hang, the model stays READY, a new request fails fast. Sometimes (one CI run, 2026-12-06) it
+        # goes down with the stub: every stream gets "Stream removed (Socket closed)" at once. Either way nothing
+        # restarts the model; the supervisor below must.
         time.sleep(3.0)
-        assert streams.ended == {}, "Triton 2.51 answered the streams of a dead stub (it did not before)"
-        assert not [s for s in stubs(srv.pid, "dspark") if not s.zombie], "Triton restarted the stub by itself"
-        assert _ready(f"http://{srv.http_url}/v2/models/dspark/ready") == 200  # still READY
-        assert srv.is_ready()
-        t = time.monotonic()
-        with pytest.raises(ServeError, match="is not healthy"):
-            generate_remote(srv.grpc_url, PROMPT, max_tokens=4, protocol="grpc", timeout=BOUND_S)
-        assert time.monotonic() - t < 10
-        assert stub.shm in shm_regions(srv.shm_prefix), "the dead stub's region is still there"
+        alone = "hung" if not streams.ended else "dropped"
+        log_tail = srv.log_tail(20)
+        if alone == "hung":
+            assert not [s for s in stubs(srv.pid, "dspark") if not s.zombie], "Triton restarted the stub by itself"
+            assert _ready(f"http://{srv.http_url}/v2/models/dspark/ready") == 200  # still READY
+            assert srv.is_ready()
+            t = time.monotonic()
+            with pytest.raises(ServeError, match="is not healthy"):
+                generate_remote(srv.grpc_url, PROMPT, max_tokens=4, protocol="grpc", timeout=BOUND_S)
+            assert time.monotonic() - t < 10
+            assert stub.shm in shm_regions(srv.shm_prefix), "the dead stub's region is still there"
+        else:
+            assert len(streams.ended) == 4 and all(isinstance(e, ServeError) for e in streams.errors()), \
+                (streams.ended, log_tail)
 
         # the supervisor: restart (SIGTERM, SIGKILL after 2 s, cleanup, a new server on the same ports)
         grpc_url = srv.grpc_url
-        assert sup.check() == "the python stub of model dspark died"
+        fault = sup.check()
+        if alone == "hung":
+            assert fault == "the python stub of model dspark died", (fault, log_tail)
+        else:  # the stub's death, or Triton's own exit / crash, whichever the supervisor saw first
+            assert fault is not None and re.match(
+                r"the python stub of model dspark died|tritonserver exited on its own|tritonserver crashed",
+                fault), (fault, log_tail)
         streams.join(BOUND_S)
         assert len(streams.ended) == 4 and len(streams.errors()) == 4, streams.ended
         assert all(isinstance(e, ServeError) for e in streams.errors()), streams.errors()
@@ -151,8 +167,9 @@ def test_stub_kill_mid_stream(tiny_build: Path, reference) -> None:  # noqa: ANN
         assert len(shm_regions(srv.shm_prefix)) == len(stubs(srv.pid)) == 5
         m = read_metrics(srv.metrics_url)
         assert m.get("dspark_active_requests", 0.0) == 0
-        print(f"stub kill: streams errored {max(t for t, _ in streams.ended.values()) - t_kill:.1f} s after the "
-              f"kill (3 s of it Triton alone); restart ready in {sup.restarts[0].ready_after_s:.1f} s")
+        print(f"stub kill: Triton alone {alone} the streams; they errored "
+              f"{max(t for t, _ in streams.ended.values()) - t_kill:.1f} s after the kill; fault seen: {fault}; "
+              f"restart ready in {sup.restarts[0].ready_after_s:.1f} s")
     finally:
         _stop_clean(srv)
 
