@@ -9,11 +9,11 @@ responses over the tokens in the later one, as `dspark-trt load`), mean K and τ
 round by the batch size of that round (the `stats` of each request: k_per_round, batch_per_round). Every answer
 is compared with the same prompt's single-stream answer (plain policy, one request at a time, through the same
 server, before the grid); mismatches are counted and the first differences reported; exit status 1 on any
-mismatch or error. Policies: plain, fixed3 (fixed K = 3), fixedg (fixed K = γ), confidence, survival, and
-survival+suffix. Every row names its proposers in each request (the `proposers` input, serve.validate
-check_proposers), so all rows run on one server, started here with --repo or named with --url: plain none (the
-plain policy proposes nothing), the four K-policy rows "dspark" (DSpark alone, as their names say: a greedy
-request naming none would get both by default), survival+suffix "dspark,suffix". Each cell also reports the
+mismatch or error. Policies: plain, fixed0 (the DSpark path, K ≡ 0), fixed3 (fixed K = 3), fixedg (fixed K = γ),
+confidence, survival, and survival+suffix. Every row names its proposers in each request (the `proposers` input,
+serve.validate check_proposers), so all rows run on one server, started here with --repo or named with --url: plain
+none (the plain policy proposes nothing), the K-policy rows "dspark" (DSpark alone, as their names say: a
+greedy request naming none would get both by default), survival+suffix "dspark,suffix". Each cell also reports the
 proposers its requests were allowed (stats proposers_allowed) and the rounds / offered tokens per proposer (stats
 proposers). Cells run level by level, each policy in turn, so machine load drifts hit every policy alike.
 Results: grid.json, grid.md (the tables, the machine, commit and load average) and grid.png (throughput vs
@@ -50,7 +50,7 @@ log = logging.getLogger("bench_serving_grid")
 MODEL = "ensemble_stream"
 HYBRID = "survival+suffix"
 DSPARK, BOTH = "dspark", "dspark,suffix"  # the rows' `proposers` fields: DSpark alone, DSpark block + suffix match
-POLICY_NAMES = ("plain", "fixed3", "fixedg", "confidence", "survival", HYBRID)
+POLICY_NAMES = ("plain", "fixed0", "fixed3", "fixedg", "confidence", "survival", HYBRID)
 QUICK = {"concurrency": [1, 4], "policies": ["plain", "survival"], "requests_per_cell": 2, "max_tokens": 32,
          "long_tokens": 256}
 CHAT = ("Write a Python function that checks whether a number is prime.", "Explain what a hash map is.",
@@ -99,6 +99,8 @@ class Sample:
 def policy_specs(names: Sequence[str], gamma: int, min_k: int) -> list[PolicySpec]:
     """Grid rows for `names` (POLICY_NAMES) on a build with draft block γ and default MIN_K."""
     table = {"plain": PolicySpec("plain", "plain"),
+             # fixed0: the DSpark request path with K ≡ 0 (no draft, one token a round): its overhead against plain
+             "fixed0": PolicySpec("fixed0", "fixed", 0, 0, proposers=DSPARK),
              "fixed3": PolicySpec("fixed3", "fixed", min(min_k, 3), min(3, gamma), proposers=DSPARK),
              "fixedg": PolicySpec("fixedg", "fixed", min(min_k, gamma), gamma, proposers=DSPARK),
              "confidence": PolicySpec("confidence", "confidence", proposers=DSPARK),

@@ -34,8 +34,9 @@ def _jobs(reference, max_tokens: int) -> list:  # noqa: ANN001
 def test_policy_rows_and_job_mix(reference) -> None:  # noqa: ANN001
     specs = {s.name: s for s in grid.policy_specs(grid.POLICY_NAMES, gamma=GAMMA, min_k=2)}
     assert (specs["fixed3"].policy, specs["fixed3"].max_k, specs["fixedg"].max_k) == ("fixed", 3, GAMMA)
+    assert (specs["fixed0"].policy, specs["fixed0"].min_k, specs["fixed0"].max_k) == ("fixed", 0, 0)  # K ≡ 0
     assert specs["plain"].proposers is None  # the plain policy proposes nothing: no field sent
-    assert all(specs[n].proposers == "dspark" for n in ("fixed3", "fixedg", "confidence", "survival"))
+    assert all(specs[n].proposers == "dspark" for n in ("fixed0", "fixed3", "fixedg", "confidence", "survival"))
     assert (specs["survival+suffix"].policy, specs["survival+suffix"].proposers) == ("survival", "dspark,suffix")
     assert all(check_proposers(s.proposers) is not None for n, s in specs.items() if n != "plain")  # valid fields
     with pytest.raises(InvalidArgumentError, match="unknown"):
