@@ -251,3 +251,24 @@ def test_the_default_engine_is_the_best_that_runs() -> None:
     assert _engine_in_subprocess("auto")["engine"] == ENGINES[0]
     if os.environ.get("DSPARK_NATIVE_ENGINE", "auto") in ("", "auto") and os.environ.get("DSPARK_NATIVE", "1") != "0":
         assert native.engine() == ENGINES[0]
+
+
+@pytest.mark.skipif("avx512" not in ENGINES or "avx512_bf16" not in native.cpu_flags(),
+                    reason="needs the avx512 engine on a CPU with AVX512_BF16 (Zen 4 / Zen 5 / Sapphire Rapids)")
+def test_avx512_engine_runs_bf16_products_on_vdpbf16ps_with_the_fma_chains_bits() -> None:
+    """Where the CPU has AVX512_BF16 the avx512 engine's bf16 products run on VDPBF16PS (one instruction a k-pair;
+    linear.h says why its bits are the FMA chain's). The build must say so — else the comparisons above would pass
+    on the FMA path and never test this one — and a verify-sized block (12 rows, one tile; 13, two) must equal the
+    avx2 engine's FMA chains where that runs, and its rows alone."""
+    ext = native.load_build("avx512")
+    assert "+bf16" in ext.build_info(), ext.build_info()
+    for shape in [(12, 64, 576), (13, 32, 130)]:
+        run = _linear_case("bf16", shape, "plain", seed=7)
+        x = _activations(shape, "bf16", seed=7)
+        with native.use_engine("avx512"):
+            got = run(x)
+            for m in (0, shape[0] - 1):
+                assert _same(run(x[m:m + 1].contiguous(), slice(m, m + 1))[0], got[m])
+        if "avx2" in ENGINES:
+            with native.use_engine("avx2"):
+                assert _same(run(x), got), f"{shape}: VDPBF16PS differs from the FMA chain"

@@ -68,7 +68,8 @@ double stage_limbs(const float* src, int64_t K, int8_t* dst, int64_t ld, int bia
 }
 
 // Stage x (optionally RMSNorm'd, SQ-quantized) into the engine's layout: AMX bf16 / int8 [Mp, Kp] (Mp = M rounded
-// up to 16, zero padded); FMA fp32 [M, Kp] (zero padded) or, for SQ, uint8 = int8 + 128 [M, Kp] (padded with 128).
+// up to 16, zero padded); FMA fp32 [M, Kp] (zero padded; the bf16 kind on VDPBF16PS: bf16 pairs (k + 1, k)) or, for
+// SQ, uint8 = int8 + 128 [M, Kp] (padded with 128).
 // I8Q: LIMBS limb rows per activation row, on AMX LIMB_ROWS rows per 16-row tile (rows 16t + LIMBS·i + j), on the
 // FMA engine rows LIMBS·m + j, + 128; limb_scale[m] = s.
 // The buffer is this thread's scratch (kept between calls: no allocator or ATen op per product), valid until its next
@@ -79,7 +80,7 @@ void* stage_input(const at::Tensor& x, const LinearPlan& p, const c10::optional<
   const bool sq = p.kind == P_SQ, limbs = p.kind == P_I8Q, i8 = sq || limbs;
   const int64_t rows = limbs ? (p.amx ? (M + LIMB_ROWS - 1) / LIMB_ROWS * 16 : LIMBS * M)
                              : (p.amx ? (M + 15) / 16 * 16 : M);
-  const int64_t esz = i8 ? 1 : (p.amx ? 2 : 4);
+  const int64_t esz = i8 ? 1 : ((p.amx || dp_bf16(p)) ? 2 : 4);
   thread_local std::vector<uint8_t> scratch;
   thread_local std::vector<float> h;
   const size_t bytes = static_cast<size_t>(rows * Kp * esz);
@@ -123,6 +124,12 @@ void* stage_input(const at::Tensor& x, const LinearPlan& p, const c10::optional<
         const __mmask16 mk = tail16(K - k);
         _mm256_mask_storeu_epi16(reinterpret_cast<uint16_t*>(buf) + m * Kp + k, mk, f2b_x16(_mm512_maskz_loadu_ps(mk, src + k)));
       }
+    } else if (dp_bf16(p)) {  // bf16 k-pairs with their halves swapped, (k + 1, k): VDPBF16PS's order (linear.h)
+      for (int64_t k = 0; k < K; k += 16) {
+        const __m256i b = f2b_x16(_mm512_maskz_loadu_ps(tail16(K - k), src + k));  // exact: src holds bf16 values
+        const __m256i sw = _mm256_or_si256(_mm256_slli_epi32(b, 16), _mm256_srli_epi32(b, 16));
+        _mm256_mask_storeu_epi16(reinterpret_cast<uint16_t*>(buf) + m * Kp + k, tail16((K - k + 1) & ~int64_t{1}), sw);
+      }
     } else {
       std::memcpy(reinterpret_cast<float*>(buf) + m * Kp, src, K * sizeof(float));
     }
@@ -155,6 +162,9 @@ std::string build_info() {
   std::string s = "avx512";
 #if defined(__AVX512VNNI__)
   s += "+vnni";
+#endif
+#if defined(__AVX512BF16__)
+  s += "+bf16";
 #endif
 #if defined(DSPARK_AMX)
   s += "+amx";

@@ -1,6 +1,6 @@
 // The AVX-512 FMA engine of the native products (the fallback where AMX is off or absent): the 16 output rows of a
-// weight block in the vector lanes, activation rows broadcast; int8 x int8 kinds on VNNI dpbusd. Layouts, plan and
-// epilogue: linear.h.
+// weight block in the vector lanes, activation rows broadcast; bf16 on VDPBF16PS where the CPU has it; int8 x int8
+// kinds on VNNI dpbusd. Layouts, plan and epilogue: linear.h.
 #include "linear.h"
 
 namespace dspark {
@@ -29,6 +29,68 @@ inline NextBlocks next_blocks(const LinearPlan& p, int64_t blk, int64_t n) {
   const int64_t stride = p.Kp * 16 * (p.kind == P_F32 ? 4 : (p.kind == P_BF16 ? 2 : 1));
   return {static_cast<const char*>(p.w) + blk * stride, stride};
 }
+
+#if defined(__AVX512BF16__)
+// The bf16 kind on VDPBF16PS (linear.h): staged rows are bf16 pairs (k + 1, k); each weight pair is swapped to match
+// (one rotate per block and k-pair), then one instruction per row and block: acc += x[k]·w[k], then x[k+1]·w[k+1].
+// 2·MRT accumulators + NBT weights + one broadcast fit the 32 registers up to MRT = 14: verify of up to 12 tokens
+// reads the weights once.
+template <int MRT, int NBT>
+inline void dp_tile(const LinearPlan& p, int64_t m0, int64_t blk0, NextBlocks pf = {}) {
+  __m512 acc[NBT][MRT];
+  for (int b = 0; b < NBT; ++b)
+    for (int m = 0; m < MRT; ++m) acc[b][m] = _mm512_setzero_ps();
+  const uint16_t* xr = static_cast<const uint16_t*>(p.x) + m0 * p.ldx;
+  const int64_t kq = p.Kp / 2;
+  for (int64_t k2 = 0; k2 < kq; ++k2) {
+    pf.line<NBT>(k2);  // 64 bytes of a block per k-pair
+    __m512i wv[NBT];
+    for (int b = 0; b < NBT; ++b)
+      wv[b] = _mm512_rol_epi32(_mm512_loadu_si512(static_cast<const uint16_t*>(p.w) + ((blk0 + b) * kq + k2) * 32), 16);
+    for (int m = 0; m < MRT; ++m) {
+      int32_t pair;
+      std::memcpy(&pair, xr + m * p.ldx + 2 * k2, 4);
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(pair);
+      for (int b = 0; b < NBT; ++b) acc[b][m] = _mm512_dpbf16_ps(acc[b][m], xv, (__m512bh)wv[b]);
+    }
+  }
+  for (int m = 0; m < MRT; ++m) {
+    if (p.swiglu) {
+      if constexpr (NBT == 2) emit_swiglu(p, m0 + m, blk0, acc[0][m], acc[1][m]);
+    } else {
+      for (int b = 0; b < NBT; ++b) emit(p, m0 + m, blk0 + b, acc[b][m]);
+    }
+  }
+}
+
+template <int NBT>
+void dp_rows(const LinearPlan& p, int64_t m0, int64_t mr, int64_t blk) {
+  switch (mr) {
+    case 1: dp_tile<1, NBT>(p, m0, blk, p.M == 1 ? next_blocks(p, blk + NBT, NBT) : NextBlocks{}); break;
+    case 2: dp_tile<2, NBT>(p, m0, blk); break;
+    case 3: dp_tile<3, NBT>(p, m0, blk); break;
+    case 4: dp_tile<4, NBT>(p, m0, blk); break;
+    case 5: dp_tile<5, NBT>(p, m0, blk); break;
+    case 6: dp_tile<6, NBT>(p, m0, blk); break;
+    case 7: dp_tile<7, NBT>(p, m0, blk); break;
+    case 8: dp_tile<8, NBT>(p, m0, blk); break;
+    case 9: dp_tile<9, NBT>(p, m0, blk); break;
+    case 10: dp_tile<10, NBT>(p, m0, blk); break;
+    case 11: dp_tile<11, NBT>(p, m0, blk); break;
+    default: dp_tile<12, NBT>(p, m0, blk); break;
+  }
+}
+
+void dp_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
+  constexpr int64_t MR = 12;
+  for (int64_t m0 = 0; m0 < p.M; m0 += MR) {
+    const int64_t mr = std::min<int64_t>(MR, p.M - m0);
+    for (int64_t blk = b0; blk < b1; blk += 2) {
+      if (blk + 1 < b1) dp_rows<2>(p, m0, mr, blk); else dp_rows<1>(p, m0, mr, blk);
+    }
+  }
+}
+#endif
 
 template <int KIND, int MRT, int NBT>
 inline void fma_tile(const LinearPlan& p, int64_t m0, int64_t blk0, NextBlocks pf = {}) {
@@ -196,7 +258,11 @@ void fma_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
 
 void fma_blocks_any(const LinearPlan& p, int64_t b0, int64_t b1) {
   switch (p.kind) {
+#if defined(__AVX512BF16__)
+    case P_BF16: dp_blocks(p, b0, b1); break;
+#else
     case P_BF16: fma_blocks<P_BF16>(p, b0, b1); break;
+#endif
     case P_F32: fma_blocks<P_F32>(p, b0, b1); break;
     case P_I8P: fma_blocks<P_I8P>(p, b0, b1); break;
     case P_I8F: fma_blocks<P_I8F>(p, b0, b1); break;
