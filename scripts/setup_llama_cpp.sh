@@ -24,21 +24,27 @@ ISA="${LLAMA_ISA:-auto}"
 if [ "$ISA" = auto ]; then
   grep -qw avx512f /proc/cpuinfo && ISA=avx512 || ISA=native
 fi
+has() { grep -qw "$1" /proc/cpuinfo && echo ON || echo OFF; }  # an extension of this CPU: ON / OFF
 case "$ISA" in
-  avx512) FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=ON \
--DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AMX_TILE=OFF \
--DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" ;;
+  # each AVX-512 extension only where the CPU has it (Zen 4 has AVX512_VNNI / BF16 / VBMI but not the VEX AVX-VNNI of
+  # Sapphire Rapids and Zen 5: built with it, ggml dies with SIGILL on the first forward)
+  avx512) FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX_VNNI=$(has avx_vnni) \
+-DGGML_AVX512=ON -DGGML_AVX512_VBMI=$(has avx512vbmi) -DGGML_AVX512_VNNI=$(has avx512_vnni) \
+-DGGML_AVX512_BF16=$(has avx512_bf16) -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" ;;
   avx2) FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
 -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" ;;
   native) FLAGS="-DGGML_NATIVE=ON" ;;
   *) echo "LLAMA_ISA must be auto, avx512, avx2 or native (got $ISA)" >&2; exit 2 ;;
 esac
 LIB="$OUT/llama-$ISA"
-if ! PYTHONPATH="$LIB" "$PY" -c "import llama_cpp" 2>/dev/null; then
+# rebuilt when it does not import or was built with other flags (a copied build, or this script's flags changed)
+if ! PYTHONPATH="$LIB" "$PY" -c "import llama_cpp" 2>/dev/null || [ "$(cat "$LIB/.cmake_args" 2>/dev/null)" != "$FLAGS" ]; then
   echo "building llama-cpp-python $VERSION for $ISA into $LIB (~6 min on 2 cores)" >&2
+  rm -rf "$LIB"
   CMAKE_ARGS="$FLAGS" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
     "$PY" -m pip install -q --no-deps --target "$LIB" "$SDIST"
   "$PY" -m pip install -q diskcache jinja2 typing-extensions  # its dependencies, in the venv (numpy<2 stays)
+  echo "$FLAGS" > "$LIB/.cmake_args"
 fi
 echo "llama_cpp=$LIB"
 SRC="$OUT/src/llama_cpp_python-$VERSION"
