@@ -257,11 +257,13 @@ def test_the_default_engine_is_the_best_that_runs() -> None:
                     reason="needs the avx512 engine on a CPU with AVX512_BF16 (Zen 4 / Zen 5 / Sapphire Rapids)")
 def test_avx512_engine_runs_bf16_products_on_vdpbf16ps_with_the_fma_chains_bits() -> None:
     """Where the CPU has AVX512_BF16 the avx512 engine's bf16 products run on VDPBF16PS (one instruction a k-pair;
-    linear.h says why its bits are the FMA chain's). The build must say so — else the comparisons above would pass
-    on the FMA path and never test this one — and a verify-sized block (12 rows, one tile; 13, two) must equal the
-    avx2 engine's FMA chains where that runs, and its rows alone."""
-    ext = native.load_build("avx512")
-    assert "+bf16" in ext.build_info(), ext.build_info()
+    linear.h says why its bits are the FMA chain's; a probe at first use checks that on the CPU). The build must say
+    so — else the comparisons above would pass on the FMA path and never test this one — and a verify-sized block
+    (12 rows, one tile; 13, two) must equal the avx2 engine's FMA chains where that runs, and its rows alone."""
+    info = native.load_build("avx512").build_info()
+    assert "+bf16" in info, info
+    if "+bf16(off" in info:  # the once-per-process probe (linear_fma.cpp dp_bf16_exact) found other rounding here
+        pytest.skip(f"VDPBF16PS does not round like two FMAs on this CPU, the FMA kernel runs ({info})")
     for shape in [(12, 64, 576), (13, 32, 130)]:
         run = _linear_case("bf16", shape, "plain", seed=7)
         x = _activations(shape, "bf16", seed=7)

@@ -164,7 +164,7 @@ std::string build_info() {
   s += "+vnni";
 #endif
 #if defined(__AVX512BF16__)
-  s += "+bf16";
+  s += lin::dp_bf16_exact() ? "+bf16" : "+bf16(off: VDPBF16PS rounds otherwise here)";
 #endif
 #if defined(DSPARK_AMX)
   s += "+amx";

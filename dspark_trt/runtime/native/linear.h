@@ -41,12 +41,15 @@ namespace lin {
 // with the halves of both operands' pairs swapped it is the FMA chain (k, then k + 1) of the other engines, at half
 // the instructions and with no widening of the weights. The one difference is the instruction's DAZ / FTZ:
 // subnormal inputs or partial sums (|·| < 2^-126) are flushed. Staged activations are then bf16 pairs (k + 1, k).
+// The order and the per-step rounding are checked on the CPU that runs, once, before the first product
+// (dp_bf16_exact: 65,536 random lanes against two fmaf); a CPU whose instruction rounds otherwise keeps the FMA kernel.
 #if defined(__AVX512BF16__)
 constexpr bool kDpBf16 = true;
 #else
 constexpr bool kDpBf16 = false;
 #endif
-inline bool dp_bf16(const LinearPlan& p) { return kDpBf16 && p.kind == P_BF16 && !p.amx; }
+bool dp_bf16_exact();  // linear_fma.cpp
+inline bool dp_bf16(const LinearPlan& p) { return kDpBf16 && p.kind == P_BF16 && !p.amx && dp_bf16_exact(); }
 
 // ---------------------------------------------------------------------------------------------------- epilogue
 inline void block_rows(const LinearPlan& p, int64_t blk, int64_t* row0, __mmask16* valid) {
