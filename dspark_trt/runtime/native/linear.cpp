@@ -80,7 +80,8 @@ void* stage_input(const at::Tensor& x, const LinearPlan& p, const c10::optional<
   const bool sq = p.kind == P_SQ, limbs = p.kind == P_I8Q, i8 = sq || limbs;
   const int64_t rows = limbs ? (p.amx ? (M + LIMB_ROWS - 1) / LIMB_ROWS * 16 : LIMBS * M)
                              : (p.amx ? (M + 15) / 16 * 16 : M);
-  const int64_t esz = i8 ? 1 : ((p.amx || dp_bf16(p)) ? 2 : 4);
+  const bool dp = dp_bf16(p);  // bf16 pairs for VDPBF16PS (linear.h)
+  const int64_t esz = i8 ? 1 : ((p.amx || dp) ? 2 : 4);
   thread_local std::vector<uint8_t> scratch;
   thread_local std::vector<float> h;
   const size_t bytes = static_cast<size_t>(rows * Kp * esz);
@@ -124,7 +125,7 @@ void* stage_input(const at::Tensor& x, const LinearPlan& p, const c10::optional<
         const __mmask16 mk = tail16(K - k);
         _mm256_mask_storeu_epi16(reinterpret_cast<uint16_t*>(buf) + m * Kp + k, mk, f2b_x16(_mm512_maskz_loadu_ps(mk, src + k)));
       }
-    } else if (dp_bf16(p)) {  // bf16 k-pairs with their halves swapped, (k + 1, k): VDPBF16PS's order (linear.h)
+    } else if (dp) {  // bf16 k-pairs with their halves swapped, (k + 1, k): VDPBF16PS's order (linear.h)
       for (int64_t k = 0; k < K; k += 16) {
         const __m256i b = f2b_x16(_mm512_maskz_loadu_ps(tail16(K - k), src + k));  // exact: src holds bf16 values
         const __m256i sw = _mm256_or_si256(_mm256_slli_epi32(b, 16), _mm256_srli_epi32(b, 16));

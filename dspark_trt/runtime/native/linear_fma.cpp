@@ -30,6 +30,19 @@ inline NextBlocks next_blocks(const LinearPlan& p, int64_t blk, int64_t n) {
   return {static_cast<const char*>(p.w) + blk * stride, stride};
 }
 
+// The tile's outputs through the epilogue (linear.h): rows m0 .. m0 + MRT − 1 × blocks blk0 .. blk0 + NBT − 1
+// (SwiGLU: NBT = 2 is one (up, fc) pair).
+template <int MRT, int NBT>
+inline void emit_tile(const LinearPlan& p, int64_t m0, int64_t blk0, const __m512 (&v)[NBT][MRT]) {
+  for (int m = 0; m < MRT; ++m) {
+    if (p.swiglu) {
+      if constexpr (NBT == 2) emit_swiglu(p, m0 + m, blk0, v[0][m], v[1][m]);
+    } else {
+      for (int b = 0; b < NBT; ++b) emit(p, m0 + m, blk0 + b, v[b][m]);
+    }
+  }
+}
+
 #if defined(__AVX512BF16__)
 // The bf16 kind on VDPBF16PS (linear.h): staged rows are bf16 pairs (k + 1, k); each weight pair is swapped to match
 // (one rotate per block and k-pair), then one instruction per row and block: acc += x[k]·w[k], then x[k+1]·w[k+1].
@@ -54,13 +67,7 @@ inline void dp_tile(const LinearPlan& p, int64_t m0, int64_t blk0, NextBlocks pf
       for (int b = 0; b < NBT; ++b) acc[b][m] = _mm512_dpbf16_ps(acc[b][m], xv, (__m512bh)wv[b]);
     }
   }
-  for (int m = 0; m < MRT; ++m) {
-    if (p.swiglu) {
-      if constexpr (NBT == 2) emit_swiglu(p, m0 + m, blk0, acc[0][m], acc[1][m]);
-    } else {
-      for (int b = 0; b < NBT; ++b) emit(p, m0 + m, blk0 + b, acc[b][m]);
-    }
-  }
+  emit_tile(p, m0, blk0, acc);
 }
 
 template <int NBT>
@@ -165,13 +172,7 @@ inline void fma_tile(const LinearPlan& p, int64_t m0, int64_t blk0, NextBlocks p
     }
 #endif
   }
-  for (int m = 0; m < MRT; ++m) {
-    if (p.swiglu) {
-      if constexpr (NBT == 2) emit_swiglu(p, m0 + m, blk0, acc[0][m], acc[1][m]);
-    } else {
-      for (int b = 0; b < NBT; ++b) emit(p, m0 + m, blk0 + b, acc[b][m]);
-    }
-  }
+  emit_tile(p, m0, blk0, acc);
 }
 
 #if defined(__AVX512VNNI__)
@@ -207,13 +208,7 @@ inline void fma_limb_tile(const LinearPlan& p, int64_t m0, int64_t blk0, NextBlo
       v[b][m] = limb_sum(d, p.limb_scale[m0 + m]);
     }
   }
-  for (int m = 0; m < MRT; ++m) {
-    if (p.swiglu) {
-      if constexpr (NBT == 2) emit_swiglu(p, m0 + m, blk0, v[0][m], v[1][m]);
-    } else {
-      for (int b = 0; b < NBT; ++b) emit(p, m0 + m, blk0 + b, v[b][m]);
-    }
-  }
+  emit_tile(p, m0, blk0, v);
 }
 
 void fma_limb_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
