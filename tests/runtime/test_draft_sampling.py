@@ -236,3 +236,53 @@ def test_int8_draft_head_is_the_rounded_head_on_limb_products(target: CausalLM) 
     assert not torch.equal(u8, u16)  # the int8 head is what ran
     torch.testing.assert_close(u8, u16, rtol=0.05, atol=0.05 * float(u16.abs().max()))
     assert torch.equal(u16, native.linear(h.reshape(-1, h.shape[-1]), head, out_f32=True).view_as(u16))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_native_context_flush_of_several_slots_equals_each_slot_alone(target: CausalLM, dtype: torch.dtype) -> None:
+    """Queued context features of several slots (ragged, several chunks each) projected on the native kernels in one
+    fc and one k|v product of every layer (ctx_norm fused, RoPE in native.rope_kv) leave each slot's context KV with
+    the bits of that slot flushed alone — a slot's drafts do not depend on which slots flushed with it — and the
+    torch flush's values (the fused RMSNorm's sum of squares may round apart from torch's mean)."""
+    from dspark_trt.runtime import native
+    from dspark_trt.testing.tiny import tiny_dspark_drafter
+
+    if not native.available():
+        pytest.skip(f"native kernels unavailable here ({native.unavailable_reason()}); the path under test is theirs")
+    drafter = tiny_dspark_drafter(target, gamma=4, draft_vocab=200)
+    drafter.model.to(dtype)
+    g = torch.Generator().manual_seed(5)
+    fsize = drafter.cfg.feature_size
+    chunks = {0: [5], 1: [3, 1], 2: [17, 2, 1]}
+    queued: dict[int, list[tuple[int, torch.Tensor]]] = {s: [] for s in chunks}
+    for s, ns in chunks.items():
+        p = 0
+        for n in ns:
+            queued[s].append((p, (torch.randn(n, fsize, generator=g) * 3).to(dtype)))
+            p += n
+
+    def flush(groups: list[list[int]], native_ok: bool = True) -> list[torch.Tensor]:
+        drafter.allocate(3, 64)
+        drafter._pending = {s: list(c) for s, c in queued.items()}
+        for s, ns in chunks.items():
+            drafter._len[s] = sum(ns)
+        if not native_ok:
+            drafter._native_ok = lambda span: False  # type: ignore[method-assign]
+        try:
+            with torch.inference_mode():
+                for slots in groups:
+                    drafter._flush(slots)
+        finally:
+            drafter.__dict__.pop("_native_ok", None)
+        assert not drafter._pending
+        return [t.clone() for t in drafter._k + drafter._v]
+
+    drafter.allocate(3, 64)
+    assert drafter._native_ok(32)  # the native flush is what runs below
+    together = flush([[0, 1, 2]])
+    for a, b in zip(together, flush([[2], [0], [1]])):
+        assert torch.equal(a, b)
+    tol = 2 ** -7 if dtype == torch.bfloat16 else 1e-5  # one rounding of the model dtype
+    for a, b in zip(together, flush([[0, 1, 2]], native_ok=False)):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    assert all(bool(t[s, :, :sum(ns)].abs().sum() > 0) for t in together for s, ns in chunks.items())

@@ -21,7 +21,7 @@ from torch import nn
 from dspark_trt.errors import DrafterError
 from dspark_trt.runtime import dispatch, native, ops
 from dspark_trt.runtime.drafters.config import DSparkConfig
-from dspark_trt.runtime.drafters.layers import DSparkLayer, RMSNorm, native_product
+from dspark_trt.runtime.drafters.layers import DSparkLayer, RMSNorm, fused_weight, native_product
 from dspark_trt.runtime.quant_linear import int8_rows
 from dspark_trt.spec_decode.protocols import DraftBlock, SamplingParams
 
@@ -283,11 +283,14 @@ class DSparkDrafter:
             self._len[slot] = p0 + n
 
     def _flush(self, slots: Sequence[int]) -> None:
-        """Project the queued features of these slots into their context KV (one pass per slot)."""
-        for slot in slots:
-            chunks = self._pending.pop(slot, None)
-            if not chunks:
-                continue
+        """Project the queued features of these slots into their context KV: on the native kernels, all the slots'
+        rows in one fc product and one k|v product of every layer (`_flush_native`), else one torch pass per slot."""
+        queued = [(slot, self._pending.pop(slot)) for slot in slots if self._pending.get(slot)]
+        if not queued:
+            return
+        if self._native_ok(max(c[-1][0] + c[-1][1].shape[0] for _, c in queued)) and self._flush_native(queued):
+            return
+        for slot, chunks in queued:
             p0 = chunks[0][0]
             feats = torch.cat([f for _, f in chunks]).to(self.device)[None]  # [1, n, F]
             n = feats.shape[1]
@@ -296,6 +299,33 @@ class DSparkDrafter:
             for li, (k, v) in enumerate(kv):
                 self._k[li][slot, :, p0:p0 + n] = k[0]
                 self._v[li][slot, :, p0:p0 + n] = v[0]
+
+    def _flush_native(self, queued: list[tuple[int, list[tuple[int, torch.Tensor]]]]) -> bool:
+        """The torch flush's arithmetic on the native kernels, rows of every slot at once (each row's bits are its
+        own: the products are row-invariant): ctx = fc(features), ctx_norm fused into one k|v product of all the layers
+        ([N, L·2·Hkv·hd]: the native prologue's RMSNorm, whose sum of squares may round apart from torch's mean in
+        fp32), then per slot and layer RoPE on k and the cache write (native.rope_kv, no q).
+        False (nothing written) where the fc product is not a native one."""
+        m = self.model
+        feats = torch.cat([f for _, chunks in queued for _, f in chunks]).to(self.device, m.param_dtype)  # [N, F]
+        ctx = native_product(feats, m.fc.weight) if type(m.fc) is nn.Linear and m.fc.bias is None else None
+        if ctx is None:
+            return False
+        w = fused_weight(m, "ctx_kv", [t for layer in m.layers for t in (layer.k_proj.weight, layer.v_proj.weight)])
+        kv = native.linear(ctx, w, norm=m.ctx_norm.weight, eps=m.ctx_norm.eps)  # [N, L·2·Hkv·hd]
+        width = kv.shape[1] // len(m.layers)
+        row = 0
+        for slot, chunks in queued:
+            p0 = chunks[0][0]
+            n = sum(f.shape[0] for _, f in chunks)
+            pos = torch.arange(p0, p0 + n)  # [n]
+            cos, sin = m.rope_table(p0 + n)
+            slot_t = torch.tensor([slot])
+            for li in range(len(m.layers)):
+                part = kv[row:row + n, li * width:(li + 1) * width].contiguous()  # [n, 2·Hkv·hd]
+                native.rope_kv(part, cos, sin, pos, self._k[li], self._v[li], slot_t, 0, self.cfg.num_key_value_heads)
+            row += n
+        return True
 
     def _native_ok(self, span: int) -> bool:
         """Whether the backbone runs on the native kernels (DSparkModel.backbone_native): `ops.choose_kernel` says so

@@ -90,9 +90,9 @@ void dp_rows(const LinearPlan& p, int64_t m0, int64_t mr, int64_t blk) {
 
 void dp_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
   constexpr int64_t MR = 12;
-  for (int64_t m0 = 0; m0 < p.M; m0 += MR) {
-    const int64_t mr = std::min<int64_t>(MR, p.M - m0);
-    for (int64_t blk = b0; blk < b1; blk += 2) {
+  for (int64_t blk = b0; blk < b1; blk += 2) {  // blocks outer: a pair streams in once, row tiles reread it from L1
+    for (int64_t m0 = 0; m0 < p.M; m0 += MR) {
+      const int64_t mr = std::min<int64_t>(MR, p.M - m0);
       if (blk + 1 < b1) dp_rows<2>(p, m0, mr, blk); else dp_rows<1>(p, m0, mr, blk);
     }
   }
@@ -213,10 +213,10 @@ inline void fma_limb_tile(const LinearPlan& p, int64_t m0, int64_t blk0, NextBlo
 
 void fma_limb_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
   constexpr int64_t MR = 2;
-  for (int64_t m0 = 0; m0 < p.M; m0 += MR) {
-    const bool two = m0 + 1 < p.M;
-    for (int64_t blk = b0; blk < b1; blk += 2) {
-      const bool pair = blk + 1 < b1;
+  for (int64_t blk = b0; blk < b1; blk += 2) {  // blocks outer: a pair streams in once, row tiles reread it from L1
+    const bool pair = blk + 1 < b1;
+    for (int64_t m0 = 0; m0 < p.M; m0 += MR) {
+      const bool two = m0 + 1 < p.M;
       if (two && pair) fma_limb_tile<2, 2>(p, m0, blk);
       else if (two) fma_limb_tile<2, 1>(p, m0, blk);
       else if (pair) fma_limb_tile<1, 2>(p, m0, blk, p.M == 1 ? next_blocks(p, blk + 2, 2) : NextBlocks{});
@@ -241,9 +241,9 @@ void fma_rows(const LinearPlan& p, int64_t m0, int64_t mr, int64_t blk) {
 template <int KIND>
 void fma_blocks(const LinearPlan& p, int64_t b0, int64_t b1) {
   constexpr int64_t MR = 6;
-  for (int64_t m0 = 0; m0 < p.M; m0 += MR) {
-    const int64_t mr = std::min<int64_t>(MR, p.M - m0);
-    for (int64_t blk = b0; blk < b1; blk += 2) {
+  for (int64_t blk = b0; blk < b1; blk += 2) {  // blocks outer: a pair streams in once, row tiles reread it from L1
+    for (int64_t m0 = 0; m0 < p.M; m0 += MR) {
+      const int64_t mr = std::min<int64_t>(MR, p.M - m0);
       if (blk + 1 < b1) fma_rows<KIND, 2>(p, m0, mr, blk); else fma_rows<KIND, 1>(p, m0, mr, blk);
     }
   }
