@@ -31,7 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="output dir (features/, drafter/, train_state.pt)")
     p.add_argument("--gamma", type=int, default=D.gamma, help=f"block size γ (default {D.gamma})")
     p.add_argument("--layers", type=str, default=None, help="target taps, comma-separated (default: 5 spread layers)")
-    p.add_argument("--num-layers", type=int, default=D.num_layers, help="drafter decoder layers")
+    p.add_argument("--num-layers", type=int, default=D.num_layers,
+                   help="drafter decoder layers (with --init-from: more than the checkpoint's adds layers that start "
+                        "as the identity; fewer keeps the checkpoint's)")
     p.add_argument("--markov-rank", type=int, default=D.markov_rank, help="Markov head rank (0 = none)")
     p.add_argument("--draft-vocab", type=int, default=D.draft_vocab_size, help="reduced draft vocabulary (0 = full)")
     p.add_argument("--max-minutes", type=float, default=D.max_minutes, help="training time budget")

@@ -1,5 +1,6 @@
 """Creating a fresh DSpark drafter for a target: config from the target's HF config, weights initialised
-from the target's own top layers (attention/MLP/norms copied, then trained), d2t map from token counts.
+from the target's own top layers (attention/MLP/norms copied, then trained), d2t map from token counts; and growing a
+trained drafter by decoder layers that start as the identity (`grow_layers`, for --init-from --num-layers N).
 
 Owns nothing at inference time; dspark_trt.runtime.drafters owns the module and its checkpoint format.
 """
@@ -48,6 +49,29 @@ def new_config(target_dir: Path, layer_ids: Sequence[int] | None, num_layers: in
         draft_vocab_size=draft_vocab_size if draft_vocab_size < int(hf["vocab_size"]) else 0,
         target_fingerprint=target_fingerprint(embed_weight) if embed_weight is not None else "",
         target_vocab=vi.to_dict())
+
+
+def grow_layers(model: DSparkModel, n: int) -> DSparkModel:
+    """A drafter of n decoder layers computing what `model` computes: its weights, then n − len(model.layers) new
+    layers before the final norm, each a copy of the last one with o_proj and down_proj zeroed — a residual branch that
+    adds nothing until trained (the zeroed projections get the first gradients, the rest follow). n ≤ the current
+    count returns `model` itself."""
+    old = len(model.layers)
+    if n <= old:
+        return model
+    grown = DSparkModel(model.cfg.replace(num_hidden_layers=n))
+    missing, unexpected = grown.load_state_dict(model.state_dict(), strict=False)
+    if unexpected or any(not k.startswith("layers.") for k in missing):
+        raise ValueError(f"grow_layers: state dicts differ beyond the new layers ({unexpected}, {missing})")
+    with torch.no_grad():
+        for i in range(old, n):
+            grown.layers[i].load_state_dict(model.layers[old - 1].state_dict())
+            grown.layers[i].o_proj.weight.zero_()
+            grown.layers[i].down_proj.weight.zero_()
+    if model._embed is not None and model._head is not None:
+        grown._embed, grown._head = model._embed, model._head
+    log.info("drafter grown from %d to %d decoder layers (new layers start as the identity)", old, n)
+    return grown.to(next(model.parameters()).dtype)
 
 
 def init_from_target(model: DSparkModel, hf_target: torch.nn.Module) -> None:

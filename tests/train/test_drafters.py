@@ -181,3 +181,24 @@ def test_vocabulary_mismatch(tiny_pair, tiny_target, tmp_path) -> None:  # noqa:
     (tmp_path / "d" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(VocabularyMismatchError, match="sizes differ"):
         load_drafter(tmp_path / "d", tiny_target.model, target_dir=tiny_pair.target)
+
+
+def test_grow_layers_keeps_the_function_and_trains_the_new_layer(tiny_pair, tiny_target) -> None:  # noqa: ANN001
+    """--init-from with more --num-layers: the grown drafter gives the same logits as the checkpoint (the new layer's
+    o_proj / down_proj start at zero), carries the new count in its config, and its new layer receives gradients."""
+    from dspark_trt.train.model_init import grow_layers
+
+    m = make_model(tiny_pair, tiny_target)  # 1 decoder layer
+    ids = _ids(24)
+    feats, _ = tiny_target.run(ids)
+    anchors = torch.tensor([[5, 12]])
+    with torch.no_grad():
+        _, base, conf = m.forward_train(feats, ids, anchors, 4)
+    g = grow_layers(m, 2)
+    assert len(g.layers) == 2 and g.cfg.num_hidden_layers == 2 and grow_layers(g, 2) is g
+    _, out, conf2 = g.forward_train(feats, ids, anchors, 4)
+    torch.testing.assert_close(out.detach(), base)
+    torch.testing.assert_close(conf2.detach(), conf)
+    out.logsumexp(-1).sum().backward()
+    assert float(g.layers[1].o_proj.weight.grad.abs().sum()) > 0  # the zeroed branch learns first
+    assert float(g.layers[1].down_proj.weight.grad.abs().sum()) > 0
