@@ -123,7 +123,9 @@ class SpecBackend:
         if tokens.dim() != 2 or tokens.shape[0] != s.numel():
             raise InvalidArgumentError(f"verify: tokens must be [B={s.numel()}, K+1], got {tuple(tokens.shape)}.")
         start = self.cache.lengths[s].clone()  # [B]
-        out = self.target(tokens.long(), self.cache, s, taps=self.taps, logits="all")
+        kk = torch.as_tensor(k, dtype=torch.long).reshape(-1)  # [B]: a row verifies its own K + 1 tokens, not Kmax + 1
+        out = self.target(tokens.long(), self.cache, s, taps=self.taps, logits="all",
+                          row_lengths=kk + 1 if kk.numel() == s.numel() else None)
         self.pending_commit = VerifyPass({slot: row for row, slot in enumerate(s.tolist())}, tokens.long(), start,
                                          out.hidden)
         return out.logits  # [B, K+1, V]

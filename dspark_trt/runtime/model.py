@@ -180,12 +180,14 @@ class CausalLM(nn.Module):
     @torch.no_grad()  # not inference_mode: drafter training may feed taps into autograd
     def forward(self, input_ids: torch.Tensor, cache: KVCache, slots: torch.Tensor | Sequence[int],
                 taps: Sequence[int] = (), logits: Literal["all", "last", "none"] = "all",
-                last_index: torch.Tensor | None = None) -> ModelOutput:
+                last_index: torch.Tensor | None = None, row_lengths: torch.Tensor | None = None) -> ModelOutput:
         """input_ids [B, T] long (right-padded rows), slots [B] long → ModelOutput.
 
         Row b's tokens go to positions cache.lengths[slots[b]] + t; every slot advances by T (callers
         roll padding back with cache.truncate). logits="last" returns [B, 1, V] at column T-1, or at
         last_index [B] (per-row index of the last valid token) when given; "none" skips the lm_head.
+        row_lengths [B] (logits "all": a verify of rows with different K): real tokens per row; on the native path
+        the padding after them is not computed (its logits and taps are zeros, its cache entries unwritten).
         """
         if input_ids.dim() != 2:
             raise InvalidArgumentError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}.")
@@ -202,13 +204,16 @@ class CausalLM(nn.Module):
             lengths = (last_index + 1).clamp(1, T).tolist()
         else:
             lengths = [T] * B
+        native_lengths = lengths
+        if row_lengths is not None and last_index is None:
+            native_lengths = torch.as_tensor(row_lengths, dtype=torch.long).reshape(B).clamp(1, T).tolist()
         if logits not in ("all", "last", "none"):
             raise InvalidArgumentError(f"logits must be 'all', 'last' or 'none', got {logits!r}.")
         if self._native_ok(cache):
             start = cache.check_room(slots, T)  # [B]
             x = F.embedding(input_ids.reshape(-1), self.transformer.vocab_embedding.weight)  # [B·T, d]
             return forward_native(self._plan(), x, cache, slots, start, self.rope_tables(int(start.max()) + T), taps,
-                                  logits, last_index, lengths)
+                                  logits, last_index, native_lengths)
         with ops.ragged_rows(T, lengths):
             return self._forward_torch(input_ids, cache, slots, taps, logits, last_index, lengths)
 

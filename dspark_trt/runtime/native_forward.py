@@ -120,12 +120,26 @@ class NativePlan:
         return self.stamp() == self._stamp
 
 
+def _unpack(y: torch.Tensor, real: torch.Tensor | None, pad: torch.Tensor | None, rows: int) -> torch.Tensor:
+    """Packed rows y [M', ...] → [rows, ...]: y at `real`, zeros at `pad` (real None: y as it is)."""
+    if real is None or pad is None:
+        return y
+    out = y.new_empty((rows,) + tuple(y.shape[1:]))
+    return out.index_copy_(0, real, y).index_fill_(0, pad, 0)
+
+
 def forward_native(plan: NativePlan, x: torch.Tensor, cache: KVCache, slots: torch.Tensor, start: torch.Tensor,
                    rope: tuple[torch.Tensor, torch.Tensor], taps: Sequence[int], logits: str,
                    last_index: torch.Tensor | None, lengths: list[int]) -> ModelOutput:
     """The decoder's forward (CausalLM.forward's contract) on the native kernels: x [B·T, d] the embedded tokens of
     B right-padded rows, slots [B], start [B] each slot's length before this step (cache.check_room), rope the
-    cos / sin tables [≥ max(start) + T, D], lengths [B] real tokens per row."""
+    cos / sin tables [≥ max(start) + T, D], lengths [B] real tokens per row.
+
+    Ragged rows (a verify whose rows check different K, a prefill of prompts of different lengths) are packed: the
+    products, RoPE and the KV writes run on the M' = Σ lengths real tokens only (rope_kv on one-token rows: each
+    token its own slot and position), attention on the padded layout it indexes by (row, query), which skips the
+    padding queries. Every real row's numbers are those of the padded pass (row-invariant products, the same
+    attention call); padding rows come back as zeros (taps, logits) and write nothing to the cache."""
     ext = native.ext()
     g = plan.geometry
     B = slots.numel()
@@ -133,26 +147,42 @@ def forward_native(plan: NativePlan, x: torch.Tensor, cache: KVCache, slots: tor
     pos = (start[:, None] + torch.arange(T)).reshape(-1)  # [B·T]
     cos, sin = rope
     lens = torch.tensor(lengths, dtype=torch.long)  # [B]
+    real = pad = None  # [M'] rows of the padded layout that hold real tokens, and the others (None: no padding)
+    rp_pos, rp_slots = pos, slots
+    if B > 1 and min(lengths) < T:
+        is_real = (torch.arange(T)[None, :] < lens[:, None]).reshape(-1)  # [B·T]
+        real, pad = is_real.nonzero().squeeze(1), (~is_real).nonzero().squeeze(1)  # [M'], [B·T − M']
+        x, rp_pos, rp_slots = x.index_select(0, real), pos.index_select(0, real), slots.repeat_interleave(lens)
+        q_pad = x.new_zeros(B * T, g.heads * (cache.k.shape[-1]))  # [B·T, H·D]: attention's layout, padding stays 0
     tapset = set(taps)
     tapped: dict[int, torch.Tensor] = {}
     ks, vs = cache.layer_views()
     for i, (ln1, qkv, dense, ln2, fc, proj) in enumerate(plan.layers):
         ck, cv = ks[i], vs[i]  # [S, Hkv, seq_alloc, D]
-        h = qkv(x, norm=ln1)  # [B·T, (H + 2Hkv) D]
-        q = ext.rope_kv(h if h.is_contiguous() else h.contiguous(), cos, sin, pos, ck, cv, slots, g.heads,
-                        g.kv_heads)  # [B·T, H·D]
+        h = qkv(x, norm=ln1)  # [M', (H + 2Hkv) D]
+        q = ext.rope_kv(h if h.is_contiguous() else h.contiguous(), cos, sin, rp_pos, ck, cv, rp_slots, g.heads,
+                        g.kv_heads)  # [M', H·D]
+        if real is not None:
+            q = q_pad.index_copy_(0, real, q)  # [B·T, H·D]
         o = ext.attend(q, ck, cv, slots, start, lens, g.heads, g.window, g.scale, False)  # [B·T, H·D]
-        x = dense(o, residual=x)  # [B·T, d]
-        x = proj(fc(x, norm=ln2), residual=x)  # [B·T, d]
+        if real is not None:
+            o = o.index_select(0, real)  # [M', H·D]
+        x = dense(o, residual=x)  # [M', d]
+        x = proj(fc(x, norm=ln2), residual=x)  # [M', d]
         if i in tapset:
             tapped[i] = x
     cache.advance(slots, T)
-    hidden = torch.cat([tapped[t] for t in taps], dim=-1).view(B, T, -1) if taps else None  # [B, T, len(taps)·d]
+    hidden = None
+    if taps:
+        hidden = _unpack(torch.cat([tapped[t] for t in taps], dim=-1), real, pad, B * T).view(B, T, -1)  # [B, T, taps·d]
     if logits == "none":
         return ModelOutput(None, hidden)
-    n = T
     if logits == "last":
-        rows = torch.arange(B) * T + (last_index if last_index is not None else T - 1)
-        x, n = x.index_select(0, rows), 1  # [B, d]
-    out = plan.head(x, norm=plan.ln_f, out_f32=True)  # [B·n, V] float32
-    return ModelOutput(out.view(B, n, -1), hidden)
+        last = last_index if last_index is not None else torch.full((B,), T - 1, dtype=torch.long)
+        rows = torch.arange(B) * T + last  # [B] in the padded layout
+        if real is not None:
+            rows = (torch.cumsum(lens, 0) - lens) + last  # [B] in the packed one
+        out = plan.head(x.index_select(0, rows), norm=plan.ln_f, out_f32=True)  # [B, V] float32
+        return ModelOutput(out.view(B, 1, -1), hidden)
+    out = plan.head(x, norm=plan.ln_f, out_f32=True)  # [M', V] float32
+    return ModelOutput(_unpack(out, real, pad, B * T).view(B, T, -1), hidden)

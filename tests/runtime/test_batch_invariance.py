@@ -108,8 +108,10 @@ def _alone(model: CausalLM, r: Req, stepwise: bool) -> Trace:
     return tr
 
 
-def _together(model: CausalLM, reqs: list[Req], seed: int) -> list[Trace]:
-    """All requests in one cache at shuffled slots: one right-padded prefill, then one padded verify per round."""
+def _together(model: CausalLM, reqs: list[Req], seed: int, packed: bool = True) -> list[Trace]:
+    """All requests in one cache at shuffled slots: one right-padded prefill, then one padded verify per round —
+    with each row's own length (`row_lengths`, as SpecBackend.verify passes: the native path packs the rows and
+    computes no padding) when `packed`, else every row computed to the batch's longest block."""
     rng = random.Random(seed)
     slots = list(range(len(reqs) + 3))
     rng.shuffle(slots)
@@ -127,7 +129,8 @@ def _together(model: CausalLM, reqs: list[Req], seed: int) -> list[Trace]:
         toks = torch.tensor([r.blocks[rnd] + [rng.randrange(model.config.vocab_size)
                                               for _ in range(W - len(r.blocks[rnd]))] for r in reqs])  # [B, Kmax+1]
         start = cache.lengths[slots].clone()
-        o = model(toks, cache, slots, taps=TAPS)
+        widths = torch.tensor([len(r.blocks[rnd]) for r in reqs])  # [B]
+        o = model(toks, cache, slots, taps=TAPS, row_lengths=widths if packed else None)
         for i, r in enumerate(reqs):
             w = len(r.blocks[rnd])
             traces[i].verify.append(o.logits[i, :w])
@@ -150,10 +153,11 @@ def _assert_same(a: Trace, b: Trace, what: str) -> None:
 @given(data=st.data())
 def test_batched_equals_alone_equals_stepwise(tiny_pair, kernels: str, dname: str, data) -> None:  # noqa: ANN001
     """Prefill alone == prefill together; a K+1 block verified inside a batch of 2–16 requests (other lengths,
-    other K, junk padding, shuffled slots) == the same block verified alone == decoding it token by token."""
+    other K, junk padding, shuffled slots; the rows packed to their own lengths or all computed to the longest)
+    == the same block verified alone == decoding it token by token."""
     model = _model(tiny_pair.target, dname)
     reqs = data.draw(requests(model.config.vocab_size))
-    together = _together(model, reqs, seed=data.draw(st.integers(0, 2 ** 16)))
+    together = _together(model, reqs, seed=data.draw(st.integers(0, 2 ** 16)), packed=data.draw(st.booleans()))
     for i, r in enumerate(reqs):
         _assert_same(_alone(model, r, stepwise=False), together[i], f"request {i} alone vs batched")
         _assert_same(_alone(model, r, stepwise=True), together[i], f"request {i} stepwise vs batched")
