@@ -342,6 +342,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--long-tokens", type=int, default=None,
                    help="tokens of a long code context (default 1024, clipped to the build's room)")
     p.add_argument("--threads", default=None, help="with --repo: the server's DSPARK_THREADS (default: auto)")
+    p.add_argument("--suffix-recent-tokens", type=int, default=None,
+                   help="with --repo: the server's DSPARK_SUFFIX_RECENT_TOKENS; 0 = no cross-request suffix index, so the "
+                        "grid's repeated prompts cannot copy earlier answers (the suffix rows then measure new traffic)")
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--rounds", type=int, default=1,
                    help="run each level's policies this many times, order rotated; cells pool their rounds")
@@ -379,6 +382,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.repo is not None:
             env = dict(os.environ, **({"DSPARK_THREADS": str(args.threads)} if args.threads else {}))
+            if args.suffix_recent_tokens is not None:
+                env["DSPARK_SUFFIX_RECENT_TOKENS"] = str(args.suffix_recent_tokens)
             server = TritonServer(args.repo, env=env).start()
             url = server.grpc_url
         else:

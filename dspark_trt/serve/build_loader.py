@@ -64,5 +64,10 @@ def make_batcher(cfg: ServeConfig, loaded: LoadedBackend, metrics: ServeMetrics,
         table = profile_costs(loaded.backend, cfg.gamma + 1, reps=3, pass_tokens=cfg.max_batch * (cfg.gamma + 1))
     config = LoopConfig(gamma=cfg.gamma, prefill_chunk=cfg.prefill_chunk) if table is None else \
         LoopConfig(gamma=cfg.gamma, cost_table=table, prefill_chunk=cfg.prefill_chunk)
-    sched = RoundScheduler(serving_backend(loaded.backend, metrics, faults), config)
+    from dspark_trt.serve.config import suffix_recent_tokens  # noqa: PLC0415
+    from dspark_trt.spec_decode.suffix import SuffixConfig, SuffixProposer  # noqa: PLC0415
+
+    recent = suffix_recent_tokens(SuffixConfig().ring_tokens)  # DSPARK_SUFFIX_RECENT_TOKENS (0: own tokens only)
+    suffix = SuffixProposer(SuffixConfig(ring_tokens=recent, max_entries=min(SuffixConfig().max_entries, recent)))
+    sched = RoundScheduler(serving_backend(loaded.backend, metrics, faults), config, suffix=suffix)
     return InflightBatcher(sched, metrics, max_queue=cfg.max_queue, proposers=proposers_from_env()).start()

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from dspark_trt.errors import ServeError
 from dspark_trt.spec_decode.limits import request_room  # torch-free
 
-__all__ = ["DEFAULT_PREFILL_CHUNK", "PREFILL_CHUNK_ENV", "ServeConfig"]
+__all__ = ["DEFAULT_PREFILL_CHUNK", "PREFILL_CHUNK_ENV", "SUFFIX_RECENT_ENV", "ServeConfig", "suffix_recent_tokens"]
 
 PREFILL_CHUNK_ENV = "DSPARK_PREFILL_CHUNK"  # chunked prefill for the server's round loop (spec_decode.loop.LoopConfig)
 # Served default: prompt tokens per round. Measured through Triton on the default build (2-core AMD EPYC, Zen 5 class,
@@ -25,6 +25,23 @@ PREFILL_CHUNK_ENV = "DSPARK_PREFILL_CHUNK"  # chunked prefill for the server's r
 # prefill"): against whole prompts, 256 gave 1.17× / 1.49× plain output tok/s at 8 / 32 clients, TTFT p50 2.95 → 0.44 s
 # and 8.9 → 1.3 s, ITL p99 877 → 373 ms and 3.4 → 0.57 s (a whole-prompt pass pads every prompt to the longest).
 DEFAULT_PREFILL_CHUNK = 256
+
+
+SUFFIX_RECENT_ENV = "DSPARK_SUFFIX_RECENT_TOKENS"  # tokens of recent outputs the suffix proposer's cross-request index
+# keeps (spec_decode.suffix.SuffixIndex); 0 = none: every proposal from the request's own prompt + output
+
+
+def suffix_recent_tokens(default: int) -> int:
+    """DSPARK_SUFFIX_RECENT_TOKENS, else `default`; ServeError if it is not an integer ≥ 0. 0 turns the cross-request
+    index off — what a benchmark that repeats its prompts needs to measure new traffic (the index would copy the
+    earlier answers)."""
+    raw = os.environ.get(SUFFIX_RECENT_ENV, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit():
+        raise ServeError(f"{SUFFIX_RECENT_ENV} must be an integer ≥ 0 (tokens of recent outputs the suffix index keeps, "
+                         f"0 = off), got {raw!r}; fix the environment")
+    return int(raw)
 
 
 def _prefill_chunk(param: str) -> int:

@@ -254,3 +254,25 @@ def test_prefill_chunk_defaults_to_chunked_and_is_overridable(monkeypatch: pytes
     monkeypatch.setenv(PREFILL_CHUNK_ENV, "-1")
     with pytest.raises(ServeError, match="PREFILL_CHUNK must be an integer"):
         ServeConfig.from_model_config(_model_config())
+
+
+def test_suffix_recent_tokens_env_sizes_or_turns_off_the_cross_request_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DSPARK_SUFFIX_RECENT_TOKENS sizes the served suffix proposer's index of recent outputs; 0 turns it off, so a
+    finished answer is never proposed to a later request (its own tokens still are); a bad value names the fix."""
+    from dspark_trt.errors import ServeError
+    from dspark_trt.serve.config import SUFFIX_RECENT_ENV, suffix_recent_tokens
+    from dspark_trt.spec_decode.suffix import SuffixConfig, SuffixProposer
+
+    monkeypatch.delenv(SUFFIX_RECENT_ENV, raising=False)
+    assert suffix_recent_tokens(4096) == 4096
+    monkeypatch.setenv(SUFFIX_RECENT_ENV, "0")
+    assert suffix_recent_tokens(4096) == 0
+    monkeypatch.setenv(SUFFIX_RECENT_ENV, "lots")
+    with pytest.raises(ServeError, match=SUFFIX_RECENT_ENV):
+        suffix_recent_tokens(4096)
+    answer = [5, 6, 7, 8, 9, 10, 11, 12]
+    for recent, copies in ((1024, True), (0, False)):
+        sp = SuffixProposer(SuffixConfig(ring_tokens=recent, max_entries=min(1 << 16, recent)))
+        sp.release("a", [1, 2, 3] + answer, prompt_len=3)  # a finished request: its output enters the index
+        got = sp.propose("b", [1, 2, 3, 5, 6], 4)  # a later request that starts the same answer
+        assert (got is not None and got.source == "cross" and list(got.tokens) == [7, 8, 9, 10]) == copies
