@@ -67,7 +67,7 @@ def make_batcher(cfg: ServeConfig, loaded: LoadedBackend, metrics: ServeMetrics,
     from dspark_trt.serve.config import suffix_recent_tokens  # noqa: PLC0415
     from dspark_trt.spec_decode.suffix import SuffixConfig, SuffixProposer  # noqa: PLC0415
 
-    recent = suffix_recent_tokens(SuffixConfig().ring_tokens)  # DSPARK_SUFFIX_RECENT_TOKENS (0: own tokens only)
-    suffix = SuffixProposer(SuffixConfig(ring_tokens=recent, max_entries=min(SuffixConfig().max_entries, recent)))
+    base = SuffixConfig()
+    suffix = SuffixProposer(base.with_recent_tokens(suffix_recent_tokens(base.ring_tokens)))  # 0: own tokens only
     sched = RoundScheduler(serving_backend(loaded.backend, metrics, faults), config, suffix=suffix)
     return InflightBatcher(sched, metrics, max_queue=cfg.max_queue, proposers=proposers_from_env()).start()

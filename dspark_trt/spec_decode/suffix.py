@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from array import array
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Hashable, Sequence
 
 from dspark_trt.errors import InvalidArgumentError
@@ -67,6 +67,11 @@ class SuffixConfig:
                                        f"{self.max_depth}, {self.max_requests}")
         if self.prior_accept <= 0 or self.prior_reject <= 0 or self.horizon < 1:
             raise InvalidArgumentError("suffix confidence priors must be > 0 and horizon ≥ 1")
+
+    def with_recent_tokens(self, n: int) -> "SuffixConfig":
+        """This config with a cross-request index of n recent output tokens (0: none, proposals from the request's
+        own tokens only); its n-gram entries bounded by n too."""
+        return replace(self, ring_tokens=n, max_entries=min(self.max_entries, n))
 
     @property
     def orders(self) -> range:

@@ -272,7 +272,7 @@ def test_suffix_recent_tokens_env_sizes_or_turns_off_the_cross_request_index(mon
         suffix_recent_tokens(4096)
     answer = [5, 6, 7, 8, 9, 10, 11, 12]
     for recent, copies in ((1024, True), (0, False)):
-        sp = SuffixProposer(SuffixConfig(ring_tokens=recent, max_entries=min(1 << 16, recent)))
+        sp = SuffixProposer(SuffixConfig().with_recent_tokens(recent))
         sp.release("a", [1, 2, 3] + answer, prompt_len=3)  # a finished request: its output enters the index
         got = sp.propose("b", [1, 2, 3, 5, 6], 4)  # a later request that starts the same answer
         assert (got is not None and got.source == "cross" and list(got.tokens) == [7, 8, 9, 10]) == copies
