@@ -1,0 +1,111 @@
+#!/usr/bin/env python
+"""Benchmark DSpark's policies under in-process continuous batching, on this CPU's kernel engine.
+
+One RoundScheduler per policy over one SpecBackend with B KV slots: N held-out prompts queued at once (greedy, EOS
+ignored, `--new` tokens each), so B requests decode together and a finished one's slot takes the next. Rows:
+ours plain (speculate off), DSpark alone (survival), the default proposers (DSpark + suffix, cross-request index
+off: the prompts repeat across reps), fixed K = 3. Reps interleave the rows (rotated order); per row the median
+over reps of output tokens / wall seconds (prefills included), ratio to plain of the same run; drafted rows per
+row-round and tokens accepted per drafted row-round. Every answer is checked against plain's. Prints a markdown
+table stamped with the CPU and engine. A benchmark, never a test.
+
+    .venv/bin/python scripts/bench_batch.py --batch 1,2,4 [--requests 8] [--new 64] [--reps 3]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def main() -> None:
+    import torch
+
+    from dspark_trt.engine import build_backend, to_runtime_model
+    from dspark_trt.runtime import native
+    from dspark_trt.runtime.default_model import default_target_dir
+    from dspark_trt.runtime.drafters import default_drafter_dir, load_drafter
+    from dspark_trt.runtime.hf_loader import load_tokenizer
+    from dspark_trt.runtime.profile import profile_costs
+    from dspark_trt.spec_decode.loop import LoopConfig, Request, RoundScheduler
+    from dspark_trt.spec_decode.scheduler import GateMemory, PolicyConfig
+    from dspark_trt.spec_decode.suffix import SuffixConfig, SuffixProposer
+    from dspark_trt.train.prompts import HELD_OUT_PROMPTS
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", default="1,2,4", help="KV slots (requests decoding together), comma list")
+    ap.add_argument("--requests", type=int, default=8, help="held-out prompts queued per run")
+    ap.add_argument("--new", type=int, default=64, help="tokens generated per request")
+    ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (median)")
+    ap.add_argument("--rows", default="plain,survival,hybrid,fixed3", help="rows to run (comma list)")
+    args = ap.parse_args()
+    td = default_target_dir()
+    tok = load_tokenizer(td)
+    target = to_runtime_model(td, torch.bfloat16)
+    drafter = load_drafter(default_drafter_dir(), target, dtype=torch.bfloat16, target_dir=Path(td))
+    gamma = int(drafter.gamma)
+    prompts = [HELD_OUT_PROMPTS[i % len(HELD_OUT_PROMPTS)][1] for i in range(args.requests)]
+    ids = [tuple(tok.encode(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                                    tokenize=False))) for p in prompts]
+    max_seq = max(map(len, ids)) + args.new + gamma + 4
+    policies = {"plain": PolicyConfig(policy="plain"), "survival": PolicyConfig(),
+                "hybrid": PolicyConfig(proposers=("dspark", "suffix")),
+                "fixed3": PolicyConfig(policy="fixed", k=3)}
+    rows = [r.strip() for r in args.rows.split(",") if r.strip()]
+    info = native.cpu_summary()
+    print(f"CPU {info['cpu']} ({info['family']}), kernel engine **{native.engine()}**; {args.requests} held-out "
+          f"prompts queued, {args.new} tokens each, greedy, EOS ignored, {args.reps} interleaved reps (median)\n")
+    for b in (int(x) for x in args.batch.split(",")):
+        be = build_backend(target, drafter, b, max_seq)
+        table = profile_costs(be, gamma + 1, reps=3, pass_tokens=b * (gamma + 1))
+        cfg = LoopConfig(gamma=gamma, cost_table=table)
+        rates: dict[str, list[float]] = {r: [] for r in rows}
+        drafted = {r: [0, 0, 0, 0] for r in rows}  # drafted row-rounds, row-rounds, accepted, verified draft tokens
+        answers: dict[str, list[tuple[int, ...]]] = {}
+        for rep in range(args.reps):
+            order = rows[rep % len(rows):] + rows[:rep % len(rows)]
+            for name in order:
+                sched = RoundScheduler(be, cfg, speculate=name != "plain", gate=GateMemory(),
+                                       suffix=SuffixProposer(SuffixConfig().with_recent_tokens(0)))
+                rids = [sched.add(Request(p, args.new, policy=policies[name])) for p in ids]
+                out: dict[int, list[int]] = {r: [] for r in rids}
+                stats = {}
+                t = time.perf_counter()
+                while sched.active or sched.pending:
+                    for ev in sched.step():
+                        out[ev.request_id].extend(ev.new_tokens)
+                        if ev.finished:
+                            stats[ev.request_id] = ev.stats
+                wall = time.perf_counter() - t
+                rates[name].append(sum(map(len, out.values())) / wall)
+                answers.setdefault(name, [tuple(out[r]) for r in rids])
+                for s in stats.values():
+                    for rec in s.rounds:
+                        drafted[name][1] += 1
+                        if any(src == "dspark" for src, _ in rec.offered):  # paid a drafter pass
+                            drafted[name][0] += 1
+                        if rec.proposer != "none":
+                            drafted[name][2] += rec.accepted
+                            drafted[name][3] += rec.k
+        base = statistics.median(rates["plain"]) if "plain" in rates else float("nan")
+        print(f"### batch {b}: target step {table.seconds[0] * 1e3:.2f} ms, step({b}) "
+              f"{table.step_seconds(b) * 1e3:.2f} ms, drafter pass {table.draft_seconds(1) * 1e3:.2f} ms (1 row)\n")
+        print("| row | output tok/s | vs plain | drafted row-rounds | verified / accepted per drafted row-round | "
+              "= plain |\n|---|---|---|---|---|---|")
+        for name in rows:
+            med = statistics.median(rates[name])
+            d, n, acc, kk = drafted[name]
+            same = answers[name] == answers.get("plain", answers[name])
+            print(f"| {name} | {med:.1f} | {med / base:.3f}× | {d}/{n} | {kk / max(d, 1):.2f} / {acc / max(d, 1):.2f} | {same} |")
+        print()
+
+
+if __name__ == "__main__":
+    main()
