@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from dspark_trt.errors import InvalidArgumentError
+from dspark_trt.spec_decode.confidence import survival
 from dspark_trt.spec_decode.costs import NO_PREFILL, RoundLoad
 from dspark_trt.spec_decode.executor import BackendExecutor
 from dspark_trt.spec_decode.limits import check_room, check_token_ids
@@ -369,6 +370,10 @@ class RoundScheduler:
         for i, n in zip(rows, drafted.proposed if drafted is not None else ()):
             asked[i], proposed[i] = True, n
         block = drafted.block if drafted is not None else None
+        models = {}  # row → the drafter's calibrated survival over its block (the gate's estimate folds it)
+        if block is not None and block.conf is not None:
+            models = {i: survival(block.conf[j, :min(proposed[i], dcaps[i])]).tolist()
+                      for j, i in enumerate(rows) if proposed[i] > 0}
         plan = assemble(cfgs, states, [a.sampling for a in acts], caps, dcaps, rows, proposed, block, sfx,
                         self.executor.vocab_size, table)
         ks = schedule_batch(cfgs, states, plan.avail, plan.conf, table, load=load)
@@ -382,7 +387,8 @@ class RoundScheduler:
                 elif act.sampling.greedy:  # the committed tokens are the target's argmax: what it would have kept
                     self.suffix.observe_committed(sfx[i], out.committed[i])  # type: ignore[arg-type]
             k_d, acc_d = (ks[i], n_acc) if src == DSPARK else (0, 0)  # the policy state learns the drafter only
-            c = observe(act.req.policy, act.state, k_d, acc_d, out.top1[i], out.margin[i], self.gate)
+            c = observe(act.req.policy, act.state, k_d, acc_d, out.top1[i], out.margin[i], self.gate,
+                        model=models.get(i))
             before = len(act.tokens)
             done = self._emit(events, act, out.committed[i])
             offered = tuple((name, n) for name, n in ((DSPARK, proposed[i]),

@@ -132,11 +132,12 @@ class GateMemory:
     skip_left: int = 0  # rounds of the current skip still to go
     probe: bool = False  # the next round is a probe
 
-    def observe(self, k: int, accepted: int, floor_weight: float = 0.02) -> None:
-        """Fold one verified gated round (k ≥ 1) into the shared estimate (running mean, then EMA)."""
+    def observe(self, k: int, accepted: int, floor_weight: float = 0.02,
+                model: Sequence[float] | None = None) -> None:
+        """Fold one drafted gated round into the shared estimate (running mean, then EMA; `model` as in _fold)."""
         self.observed += 1
         w = max(1.0 / self.observed, floor_weight)
-        _fold(self.survival_est, k, accepted, w)
+        _fold(self.survival_est, k, accepted, w, model)
 
 
 def verify_cap(cfg: PolicyConfig, state: PolicyState, gamma: int, tokens_left: int, max_seq: int,
@@ -160,16 +161,20 @@ def confidence_next_k(cfg: PolicyConfig, conf: float, current_k: int, k: int, ac
 
 
 def observe(cfg: PolicyConfig, state: PolicyState, k: int, accepted: int,
-            top1: torch.Tensor, margin: torch.Tensor, memory: GateMemory | None = None) -> float:
+            top1: torch.Tensor, margin: torch.Tensor, memory: GateMemory | None = None,
+            model: Sequence[float] | None = None) -> float:
     """Update `state` after a verified round (top1/margin [K+1] of this row) → the confidence-formula value.
+    model: the drafter's calibrated survival a_1..a_n of this row's block when the drafter ran for it (None: not
+    drafted, or no confidence head); the survival estimate folds every drafted round, K = 0 included (_fold).
     The acceptance EMA only moves on rounds that verified something (k ≥ 1). Computed for every policy (it is
     logged); only the confidence policy uses it to set K."""
     avg_top1, avg_margin = round_signals(top1, margin, k)
     if k >= 1:
         state.ema = ema_update(state.ema, accepted / k, cfg.weights.ema_weight)
-        observe_survival(state, k, accepted)
+    if k >= 1 or model:
+        observe_survival(state, k, accepted, model=model)
         if memory is not None and cfg.policy == "survival" and cfg.gate:
-            memory.observe(k, accepted)
+            memory.observe(k, accepted, model=model)
     conf = confidence_score(avg_top1, avg_margin, state.ema, cfg.weights)
     if cfg.policy == "confidence":
         state.k = confidence_next_k(cfg, conf, state.k, k, accepted)
@@ -213,17 +218,33 @@ def plan_survival(a_rows: Sequence[torch.Tensor], fixed_tokens: int, table: Cost
     return ks
 
 
-def observe_survival(state: PolicyState, k: int, accepted: int, floor_weight: float = 0.1) -> None:
-    """Fold one verified round (k ≥ 1 tokens, `accepted` of them kept) into the observed survival estimate
-    P(accepted ≥ j): a running mean over the first rounds, then an EMA with weight `floor_weight`."""
+def observe_survival(state: PolicyState, k: int, accepted: int, floor_weight: float = 0.1,
+                     model: Sequence[float] | None = None) -> None:
+    """Fold one drafted round (k tokens verified, `accepted` of them kept; `model`: the drafter's calibrated
+    survival a_1..a_n of the round's block, None without a head) into the observed survival estimate
+    P(accepted ≥ j): a running mean over the first rounds, then an EMA with weight `floor_weight` (see _fold)."""
     state.observed += 1
-    _fold(state.survival_est, k, accepted, max(1.0 / state.observed, floor_weight))
+    _fold(state.survival_est, k, accepted, max(1.0 / state.observed, floor_weight), model)
 
 
-def _fold(est: list[float], k: int, accepted: int, w: float) -> None:
-    """est[j-1] ← (1 − w)·est[j-1] + w·[accepted ≥ j] for j = 1..k (new positions start at the hit)."""
-    for j in range(1, k + 1):
-        hit = 1.0 if accepted >= j else 0.0
+def _fold(est: list[float], k: int, accepted: int, w: float, model: Sequence[float] | None = None) -> None:
+    """est[j-1] ← (1 − w)·est[j-1] + w·h_j (positions first seen start at h_j), over j = 1..max(k, len(model)).
+
+    h_j is what the round says about P(accepted ≥ j): [accepted ≥ j] where it verified j; past k, 0 if a verified
+    token was rejected, else the drafter's own conditional a_j / a_k (a_j for k = 0). Every drafted round counts —
+    the rounds whose confidences chose a small K (or none) included — so the estimate is the drafter's survival
+    over the rounds the gate pays for, not over the rounds that verified deep (K follows the confidences, so
+    folding verified positions only overestimates every position past the first). Without a model only verified
+    positions are folded."""
+    n = max(k, len(model) if model is not None else 0)
+    for j in range(1, n + 1):
+        if j <= k:
+            hit = 1.0 if accepted >= j else 0.0
+        elif accepted < k or model is None:
+            hit = 0.0
+        else:
+            base = float(model[k - 1]) if k >= 1 else 1.0
+            hit = min(1.0, float(model[j - 1]) / base) if base > 0 else 0.0
         if j <= len(est):
             est[j - 1] = (1.0 - w) * est[j - 1] + w * hit
         else:

@@ -232,3 +232,31 @@ def test_a_probe_after_a_closed_spell_verifies_at_most_probe_k_tokens() -> None:
     assert after[-50:] == [7] * 50  # open again, at the full cap
     with pytest.raises(InvalidArgumentError, match="probe_k"):
         PolicyConfig(policy="survival", probe_k=0)
+
+
+def test_survival_estimate_counts_every_drafted_round_not_only_the_deep_ones() -> None:
+    """K follows the drafter's confidences, so the rounds that verify position j are the confident ones: folding
+    verified positions only overestimates the drafter (a 0.5-survival drafter looked like 0.9). Folding every
+    drafted round — the unverified positions at the block's own calibrated survival — recovers the true mean."""
+    gen = torch.Generator().manual_seed(7)
+    good, bad = [0.9, 0.81, 0.73, 0.66], [0.1, 0.01, 0.001, 0.0001]  # calibrated survival a_1..a_4 of the block
+    folded, verified_only = PolicyState(k=4), PolicyState(k=4)
+    seen: list[list[float]] = []
+    for r in range(4000):
+        is_good = bool(torch.rand(1, generator=gen) < 0.5)
+        model = good if is_good else bad
+        k = 4 if is_good else 0  # the survival rule verifies confident blocks only
+        u = float(torch.rand(1, generator=gen))
+        accepted = sum(u < a for a in model[:k])  # a draw from the block's own survival
+        observe_survival(folded, k, accepted, model=model)
+        if k:
+            observe_survival(verified_only, k, accepted)
+        if r >= 100:
+            seen.append(list(folded.survival_est))
+    mean_est = [sum(e[j] for e in seen) / len(seen) for j in range(4)]  # the EMA's time average (one EMA is noisy)
+    truth = [(g + b) / 2 for g, b in zip(good, bad)]
+    assert verified_only.survival_est[0] > 0.8  # the biased estimate: only the confident half is seen
+    assert mean_est == pytest.approx(truth, abs=0.03)
+    # the gate therefore sees that this drafter does not pay at batch 4 under a CPU-like profile
+    knee = CostTable((1, 4, 5, 8), (1.0, 1.0, 1.2, 1.5), draft_t0=0.15, draft_t1=0.0)
+    assert drafting_gain(truth, 4, 4, knee) < 1.0 < drafting_gain(verified_only.survival_est, 4, 4, knee)
