@@ -34,7 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-layers", type=int, default=D.num_layers,
                    help="drafter decoder layers (with --init-from: more than the checkpoint's adds layers that start "
                         "as the identity; fewer keeps the checkpoint's)")
-    p.add_argument("--markov-rank", type=int, default=D.markov_rank, help="Markov head rank (0 = none)")
+    p.add_argument("--markov-rank", type=int, default=D.markov_rank,
+                   help="Markov head rank (0 = none; with --init-from: above the checkpoint's adds components that "
+                        "start silent, at or below keeps the checkpoint's)")
     p.add_argument("--draft-vocab", type=int, default=D.draft_vocab_size, help="reduced draft vocabulary (0 = full)")
     p.add_argument("--max-minutes", type=float, default=D.max_minutes, help="training time budget")
     p.add_argument("--max-steps", type=int, default=D.max_steps, help="step budget (0 = from --max-minutes)")

@@ -74,6 +74,36 @@ def grow_layers(model: DSparkModel, n: int) -> DSparkModel:
     return grown.to(next(model.parameters()).dtype)
 
 
+def grow_markov_rank(model: DSparkModel, r: int) -> DSparkModel:
+    """A drafter whose Markov head has rank r computing what `model` computes: W1's first columns are the
+    checkpoint's, the new ones drawn like a fresh head's (N(0, 0.02)); W2's new columns and the confidence head's
+    weights on the new W1 features are zero, so the Markov bias and the confidences start unchanged (the zero W2
+    columns get the first gradients through the new W1 features). r ≤ the current rank, or a drafter without a
+    Markov head, returns `model` itself."""
+    old = model.cfg.markov_rank if model.cfg.has_markov else 0
+    if old == 0 or r <= old:
+        return model
+    grown = DSparkModel(model.cfg.replace(markov_rank=r))
+    state = model.state_dict()
+    d = model.cfg.hidden_size
+    with torch.no_grad():
+        w1 = grown.markov_w1.weight.detach().clone()  # [V, r] fresh draw
+        w1[:, :old] = state.pop("markov_w1.weight").float()
+        state["markov_w1.weight"] = w1
+        w2 = torch.zeros_like(grown.markov_w2.weight)  # [Vd, r]
+        w2[:, :old] = state.pop("markov_w2.weight").float()
+        state["markov_w2.weight"] = w2
+        if model.cfg.enable_confidence_head and model.cfg.confidence_head_with_markov:
+            cw = torch.zeros_like(grown.confidence.weight)  # [1, d + r]: h, then W1[x]
+            cw[:, :d + old] = state.pop("confidence.weight").float()
+            state["confidence.weight"] = cw
+    grown.load_state_dict(state)
+    if model._embed is not None and model._head is not None:
+        grown._embed, grown._head = model._embed, model._head
+    log.info("drafter Markov head grown from rank %d to %d (new components start silent)", old, r)
+    return grown.to(next(model.parameters()).dtype)
+
+
 def init_from_target(model: DSparkModel, hf_target: torch.nn.Module) -> None:
     """Copy the target's last layers (HF Llama naming) into the drafter layers and its final norm."""
     layers = hf_target.model.layers

@@ -30,7 +30,7 @@ from dspark_trt.train.calibrate import CalibrationReport, sts
 from dspark_trt.train.features import FeatureStore
 from dspark_trt.train.head_loss import draft_logprobs
 from dspark_trt.train.loss import LossWeights, dspark_loss, dspark_loss_topk, make_t2d
-from dspark_trt.train.model_init import frequent_tokens, grow_layers, init_from_target, new_config
+from dspark_trt.train.model_init import frequent_tokens, grow_layers, grow_markov_rank, init_from_target, new_config
 from dspark_trt.train.onpolicy import OnPolicyConfig, onpolicy_batch, path_tau, rollout
 
 log = logging.getLogger(__name__)
@@ -208,6 +208,7 @@ def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_
                                f"Fix: pass --gamma {model.cfg.block_size}.")
         log.info("starting from the weights of %s (fresh optimizer)", init_from)
         model = grow_layers(model, cfg.num_layers)  # --num-layers above the checkpoint's: new identity layers
+        model = grow_markov_rank(model, cfg.markov_rank)  # --markov-rank above the checkpoint's: silent new rank
     else:
         meta = json.loads((Path(store_dirs[0]) / "meta.json").read_text())
         layers = tuple(meta["layer_ids"])

@@ -202,3 +202,30 @@ def test_grow_layers_keeps_the_function_and_trains_the_new_layer(tiny_pair, tiny
     out.logsumexp(-1).sum().backward()
     assert float(g.layers[1].o_proj.weight.grad.abs().sum()) > 0  # the zeroed branch learns first
     assert float(g.layers[1].down_proj.weight.grad.abs().sum()) > 0
+
+
+def test_grow_markov_rank_keeps_the_function_and_trains_the_new_components(tiny_pair, tiny_target) -> None:  # noqa: ANN001
+    """--init-from with a larger --markov-rank: the grown drafter gives the same logits and confidences as the
+    checkpoint (new W2 columns and confidence weights zero), keeps the old components, carries the new rank in its
+    config, and its new W2 columns receive gradients."""
+    from dspark_trt.train.model_init import grow_markov_rank
+
+    m = make_model(tiny_pair, tiny_target, draft_vocab=64, markov_rank=8)  # a reduced draft vocabulary too
+    with torch.no_grad():  # a trained-looking head: W2 and the confidence head's W1 weights non-zero
+        m.markov_w2.weight.normal_(0.0, 0.05)
+        m.confidence.weight.normal_(0.0, 0.05)
+    ids = _ids(24)
+    feats, _ = tiny_target.run(ids)
+    anchors = torch.tensor([[5, 12]])
+    with torch.no_grad():
+        _, base, conf = m.forward_train(feats, ids, anchors, 4)
+    g = grow_markov_rank(m, 24)
+    assert g.cfg.markov_rank == 24 and tuple(g.markov_w1.weight.shape[1:]) == (24,)
+    assert grow_markov_rank(g, 24) is g and grow_markov_rank(g, 8) is g
+    torch.testing.assert_close(g.markov_w1.weight.detach()[:, :8], m.markov_w1.weight.detach())
+    assert float(g.markov_w1.weight.detach()[:, 8:].abs().sum()) > 0  # new features drawn, silent through W2 = 0
+    _, out, conf2 = g.forward_train(feats, ids, anchors, 4)
+    torch.testing.assert_close(out.detach(), base)
+    torch.testing.assert_close(conf2.detach(), conf)
+    out.logsumexp(-1).sum().backward()
+    assert float(g.markov_w2.weight.grad[:, 8:].abs().sum()) > 0
