@@ -58,7 +58,10 @@ def profile_costs(backend, max_tokens: int, context: int = 64, reps: int = 5, ga
     vocab = int(backend.vocab_size)
     n_slots = min(int(backend.max_batch), max(draft_rows))
     slots = list(range(n_slots))
-    ctx = max(1, min(context, int(backend.max_seq) - max_tokens - 2))
+    # each timed drafter pass follows a target pass that feeds the drafter one more context token (slot 0 in every
+    # row count): leave the cache room for them
+    grow = len(draft_rows) * reps * DRAFT_SAMPLES
+    ctx = max(1, min(context, int(backend.max_seq) - max_tokens - 2 - grow))
     prompt = [(17 + 31 * i) % vocab for i in range(ctx)]
     backend.prefill(slots, [prompt] * n_slots)
     target, cache = backend.target, backend.cache
