@@ -60,7 +60,7 @@ def profile_costs(backend, max_tokens: int, context: int = 64, reps: int = 5, ga
     slots = list(range(n_slots))
     # each timed drafter pass follows a target pass that feeds the drafter one more context token (slot 0 in every
     # row count): leave the cache room for them
-    grow = len(draft_rows) * reps * DRAFT_SAMPLES
+    grow = len(draft_rows) * reps * DRAFT_SAMPLES if getattr(backend, "drafter", None) is not None else 0
     ctx = max(1, min(context, int(backend.max_seq) - max_tokens - 2 - grow))
     prompt = [(17 + 31 * i) % vocab for i in range(ctx)]
     backend.prefill(slots, [prompt] * n_slots)

@@ -372,8 +372,8 @@ class RoundScheduler:
         block = drafted.block if drafted is not None else None
         models = {}  # row → the drafter's calibrated survival over its block (the gate's estimate folds it)
         if block is not None and block.conf is not None:
-            models = {i: survival(block.conf[j, :min(proposed[i], dcaps[i])]).tolist()
-                      for j, i in enumerate(rows) if proposed[i] > 0}
+            surv = survival(block.conf).tolist()  # [R, γ'] one product over the drafted rows
+            models = {i: surv[j][:min(proposed[i], dcaps[i])] for j, i in enumerate(rows) if proposed[i] > 0}
         plan = assemble(cfgs, states, [a.sampling for a in acts], caps, dcaps, rows, proposed, block, sfx,
                         self.executor.vocab_size, table)
         ks = schedule_batch(cfgs, states, plan.avail, plan.conf, table, load=load)
