@@ -46,7 +46,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=8, help="held-out prompts queued per run")
     ap.add_argument("--new", type=int, default=64, help="tokens generated per request")
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (median)")
-    ap.add_argument("--rows", default="plain,survival,hybrid,fixed3", help="rows to run (comma list)")
+    ap.add_argument("--rows", default="plain,survival,hybrid,fixed3",
+                    help="rows to run (comma list of plain, survival, hybrid, suffix, nogate, fixed1/2/3/5/7)")
     args = ap.parse_args()
     td = default_target_dir()
     tok = load_tokenizer(td)
@@ -59,7 +60,9 @@ def main() -> None:
     max_seq = max(map(len, ids)) + args.new + gamma + 4
     policies = {"plain": PolicyConfig(policy="plain"), "survival": PolicyConfig(),
                 "hybrid": PolicyConfig(proposers=("dspark", "suffix")),
-                "fixed3": PolicyConfig(policy="fixed", k=3)}
+                "suffix": PolicyConfig(proposers=("suffix",)),
+                "nogate": PolicyConfig(gate=False),  # survival with the drafting gate off (always drafts)
+                **{f"fixed{k}": PolicyConfig(policy="fixed", k=k) for k in (1, 2, 3, 5, 7)}}
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     info = native.cpu_summary()
     print(f"CPU {info['cpu']} ({info['family']}), kernel engine **{native.engine()}**; {args.requests} held-out "
