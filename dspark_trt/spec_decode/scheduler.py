@@ -294,15 +294,26 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
     drafter pass and its verify tokens get 0 (not drafted) for 1, 2, 4, … rounds (up to max_backoff), then one
     probe round drafts again whatever the estimate says (at most probe_k tokens after a closed spell: enough to see
     whether a_1, a_2 recovered, without paying a long verify for a drafter that does not pay). Other policies keep
-    their caps. Updates `states` (and
-    `memory`'s backoff and skip: the next request continues them)."""
+    their caps. No row probes after a closed spell in a round where even a drafter whose every token is accepted could
+    not pay (a large batch, verify tokens compute-bound): it waits another spell (a request's first round, which
+    measures the drafter for the first time, still probes). Updates `states` (and `memory`'s backoff and
+    skip: the next request continues them)."""
     out = [max(0, int(c)) for c in caps]
     rows = len(out)
+    hopeless: dict[int, bool] = {}  # cap → even a drafter whose every token is accepted cannot pay in this round
     for r, (cfg, st) in enumerate(zip(cfgs, states)):
         if cfg.policy != "survival" or not cfg.gate or out[r] == 0:
             continue
         if st.skip_left > 0:
             st.skip_left -= 1
+            st.probe = st.skip_left == 0
+            out[r] = 0
+        elif st.probe and st.backoff > 1 and hopeless.setdefault(
+                out[r], drafting_gain([1.0] * out[r], out[r], rows, table, load) < 1.0):
+            # a batch this large turns verify tokens compute-bound: no acceptance could pay for a drafter row and
+            # its tokens, so a probe after a closed spell would only pay them (a wave of requests admitted together
+            # ends its spells together, and each would probe); the row waits another spell of the same length
+            st.skip_left = st.backoff - 1
             st.probe = st.skip_left == 0
             out[r] = 0
         elif st.probe:  # drafts whatever the estimate says (no estimate yet: the drafter chose K = 0 → backoff)
@@ -320,6 +331,9 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
         if memory is not None:
             memory.backoff, memory.skip_left, memory.probe = st.backoff, st.skip_left, st.probe
     return out
+
+
+_NO_DRAFT = torch.zeros(0)  # [0]: the survival of a row with nothing to verify
 
 
 def schedule_batch(
@@ -342,7 +356,8 @@ def schedule_batch(
             cap = min(cap, int(early_stop_k(conf[r:r + 1, :cap], cfg.draft_stop)[0]))
         if cfg.policy == "survival":
             cap = min(cap, cfg.max_k)
-            a = survival(conf[r, :cap]) if conf is not None else fallback_survival(st.ema, cap)
+            a = (_NO_DRAFT if cap == 0  # an undrafted row (a closed gate): nothing to price
+                 else survival(conf[r, :cap]) if conf is not None else fallback_survival(st.ema, cap))
             surv_rows.append(r)
             surv_a.append(a)
             ks.append(0)

@@ -260,3 +260,29 @@ def test_survival_estimate_counts_every_drafted_round_not_only_the_deep_ones() -
     # the gate therefore sees that this drafter does not pay at batch 4 under a CPU-like profile
     knee = CostTable((1, 4, 5, 8), (1.0, 1.0, 1.2, 1.5), draft_t0=0.15, draft_t1=0.0)
     assert drafting_gain(truth, 4, 4, knee) < 1.0 < drafting_gain(verified_only.survival_est, 4, 4, knee)
+
+
+def test_no_probe_where_even_a_perfect_drafter_cannot_pay() -> None:
+    """At a batch where verify tokens cost what they commit (compute-bound), a probe can only lose: a wave of requests
+    admitted together would each pay a drafter row and probe_k tokens after their closed spells. The rows wait;
+    where the batch is small enough for drafting to pay, the same states probe."""
+    # step(n) = n from 8 tokens on (compute-bound), flat below; drafter pass 0.5 of a one-token step
+    tokens = tuple(range(1, 65))
+    table = CostTable(tokens, tuple(max(1.0, n / 8) for n in tokens), draft_t0=0.5, draft_t1=0.0)
+    cfg = PolicyConfig(policy="survival", max_k=4)
+    assert drafting_gain([1.0] * 4, 4, 32, table) < 1.0 < drafting_gain([1.0] * 4, 4, 2, table)
+
+    def wave(rows: int) -> tuple[list[int], list[PolicyState]]:
+        states = [PolicyState.initial(cfg) for _ in range(rows)]
+        for st in states:  # due to probe after a closed spell
+            st.survival_est, st.backoff, st.probe = [0.9, 0.8, 0.7, 0.6], 8, True
+        return plan_drafting([cfg] * rows, states, [4] * rows, table), states
+
+    caps, states = wave(32)
+    assert caps == [0] * 32
+    assert all(st.skip_left == 7 and st.backoff == 8 and not st.probe for st in states)  # the same spell again
+    caps, states = wave(2)
+    assert caps == [cfg.probe_k] * 2 and all(st.skip_left == 0 for st in states)
+    # a request's first round measures the drafter for the first time: it probes whatever the batch
+    fresh = [PolicyState.initial(cfg) for _ in range(32)]
+    assert plan_drafting([cfg] * 32, fresh, [4] * 32, table) == [4] * 32
