@@ -7,7 +7,9 @@ tensors and floats: knows nothing of models, caches or serving.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -38,11 +40,15 @@ class ConfidenceWeights:
             raise InvalidArgumentError(f"ema_init must be in [0, 1], got {self.ema_init}")
 
 
-def round_signals(top1: torch.Tensor, margin: torch.Tensor, k: int) -> tuple[float, float]:
-    """top1 [K+1], margin [K+1] of one row, k its verify length → (avg top-1, avg margin) over positions 0..k
-    (every position the target verified in this round, the bonus/recovery position included)."""
+def round_signals(top1: torch.Tensor | Sequence[float], margin: torch.Tensor | Sequence[float],
+                  k: int) -> tuple[float, float]:
+    """top1 [K+1], margin [K+1] of one row (a tensor, or floats: the executor's lists, which spare a batch of
+    rows a few tensor ops each per round), k its verify length → (avg top-1, avg margin) over positions 0..k (every
+    position the target verified in this round, the bonus/recovery position included)."""
     n = k + 1
-    return float(top1[:n].float().mean()), float(margin[:n].float().mean())
+    if isinstance(top1, torch.Tensor):
+        return float(top1[:n].float().mean()), float(margin[:n].float().mean())  # type: ignore[union-attr]
+    return math.fsum(top1[:n]) / n, math.fsum(margin[:n]) / n
 
 
 def ema_update(prev: float, new: float, weight: float = 0.2) -> float:

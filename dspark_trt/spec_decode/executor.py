@@ -100,7 +100,7 @@ class BackendExecutor:
         self.backend.commit(slots, res.accepted + 1)
         return VerifyOutcome(tuple(int(a) for a in res.accepted.tolist()),
                              tuple(tuple(res.committed(draft.tokens, i)) for i in range(len(rows))),
-                             tuple(res.top1), tuple(res.margin))
+                             tuple(res.top1.tolist()), tuple(res.margin.tolist()))  # [B] × [K+1] floats
 
     def _accept(self, logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, q: torch.Tensor | None,
                 rows: Sequence[RoundRow]) -> AcceptResult:
