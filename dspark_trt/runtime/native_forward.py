@@ -136,10 +136,10 @@ def forward_native(plan: NativePlan, x: torch.Tensor, cache: KVCache, slots: tor
     cos / sin tables [≥ max(start) + T, D], lengths [B] real tokens per row.
 
     Ragged rows (a verify whose rows check different K, a prefill of prompts of different lengths) are packed: the
-    products, RoPE and the KV writes run on the M' = Σ lengths real tokens only (rope_kv on one-token rows: each
-    token its own slot and position), attention on the padded layout it indexes by (row, query), which skips the
-    padding queries. Every real row's numbers are those of the padded pass (row-invariant products, the same
-    attention call); padding rows come back as zeros (taps, logits) and write nothing to the cache."""
+    products, RoPE, the KV writes and the attention run on the M' = Σ lengths real tokens only (rope_kv on one-token
+    rows: each token its own slot and position; attention with each row's offset into the packed queries). Every
+    real row's numbers are those of the padded pass (row-invariant products, the same per-query attention);
+    padding rows come back as zeros (taps, logits) and write nothing to the cache."""
     ext = native.ext()
     g = plan.geometry
     B = slots.numel()
@@ -147,13 +147,14 @@ def forward_native(plan: NativePlan, x: torch.Tensor, cache: KVCache, slots: tor
     pos = (start[:, None] + torch.arange(T)).reshape(-1)  # [B·T]
     cos, sin = rope
     lens = torch.tensor(lengths, dtype=torch.long)  # [B]
-    real = pad = None  # [M'] rows of the padded layout that hold real tokens, and the others (None: no padding)
+    real = pad = offsets = None  # [M'] rows of the padded layout that hold real tokens, and the others (None: no
+    # padding); offsets [B]: each row's first row among the packed ones (attention's packed layout)
     rp_pos, rp_slots = pos, slots
     if B > 1 and min(lengths) < T:
         is_real = (torch.arange(T)[None, :] < lens[:, None]).reshape(-1)  # [B·T]
         real, pad = is_real.nonzero().squeeze(1), (~is_real).nonzero().squeeze(1)  # [M'], [B·T − M']
         x, rp_pos, rp_slots = x.index_select(0, real), pos.index_select(0, real), slots.repeat_interleave(lens)
-        q_pad = x.new_zeros(B * T, g.heads * (cache.k.shape[-1]))  # [B·T, H·D]: attention's layout, padding stays 0
+        offsets = torch.cumsum(lens, 0) - lens  # [B]
     tapset = set(taps)
     tapped: dict[int, torch.Tensor] = {}
     ks, vs = cache.layer_views()
@@ -162,11 +163,7 @@ def forward_native(plan: NativePlan, x: torch.Tensor, cache: KVCache, slots: tor
         h = qkv(x, norm=ln1)  # [M', (H + 2Hkv) D]
         q = ext.rope_kv(h if h.is_contiguous() else h.contiguous(), cos, sin, rp_pos, ck, cv, rp_slots, g.heads,
                         g.kv_heads)  # [M', H·D]
-        if real is not None:
-            q = q_pad.index_copy_(0, real, q)  # [B·T, H·D]
-        o = ext.attend(q, ck, cv, slots, start, lens, g.heads, g.window, g.scale, False)  # [B·T, H·D]
-        if real is not None:
-            o = o.index_select(0, real)  # [M', H·D]
+        o = ext.attend(q, ck, cv, slots, start, lens, g.heads, g.window, g.scale, False, offsets)  # [M', H·D]
         x = dense(o, residual=x)  # [M', d]
         x = proj(fc(x, norm=ln2), residual=x)  # [M', d]
         if i in tapset:

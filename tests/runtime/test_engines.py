@@ -193,6 +193,25 @@ def test_attention_of_a_verify_block_equals_its_queries_alone_on_each_engine(eng
             assert torch.equal(one[0], block[t]), f"{engine}: query {t} alone differs from the verify block"
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_packed_attention_equals_the_padded_layout_on_each_engine(engine: str, dtype: torch.dtype) -> None:
+    """A ragged verify's queries packed (row offsets, Σ lengths rows) attend exactly as in the padded layout: the
+    same bits per real query, windows and bidirectional blocks included."""
+    D, H, Hkv = 64, 9, 3
+    for seed, (B, T, window, bidir) in enumerate([(3, 9, None, False), (4, 8, 5, False), (2, 7, None, True),
+                                                  (5, 3, None, False)]):
+        q, ck, cv, slots, starts, lengths = _attention_case(seed, dtype, D, H, Hkv, B, T)
+        real = (torch.arange(T)[None, :] < lengths[:, None]).reshape(-1).nonzero().squeeze(1)  # [M']
+        offsets = torch.cumsum(lengths, 0) - lengths  # [B]
+        with native.use_engine(engine):
+            padded = native.attend(q, ck, cv, slots, starts, lengths, H, window, D ** -0.5, bidir)  # [B·T, H·D]
+            packed = native.attend(q.index_select(0, real).contiguous(), ck, cv, slots, starts, lengths, H, window,
+                                   D ** -0.5, bidir, offsets=offsets)  # [M', H·D]
+        assert packed.shape == (int(lengths.sum()), H * D)
+        assert torch.equal(packed, padded.index_select(0, real)), f"{engine} B={B} T={T} window={window} bidir={bidir}"
+
+
 @TWO
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("D", [16, 64, 24])

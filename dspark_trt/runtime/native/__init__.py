@@ -433,11 +433,13 @@ def rope_kv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pos: torch.
 
 
 def attend(q: torch.Tensor, ck: torch.Tensor, cv: torch.Tensor, slots: torch.Tensor, starts: torch.Tensor,
-           lengths: torch.Tensor, heads: int, window: int | None, scale: float, bidirectional: bool = False) -> torch.Tensor:
+           lengths: torch.Tensor, heads: int, window: int | None, scale: float, bidirectional: bool = False,
+           offsets: torch.Tensor | None = None) -> torch.Tensor:
     """q [B·T, H·D]; row b's query t at position starts[b] + t over keys ≤ it (in the window) → [B·T, H·D];
-    queries t ≥ lengths[b] get zeros. bidirectional: every query of row b sees keys up to starts[b] + lengths[b] − 1."""
+    queries t ≥ lengths[b] get zeros. bidirectional: every query of row b sees keys up to starts[b] + lengths[b] − 1.
+    offsets [B] long: q and the output are packed instead (row b's queries at rows offsets[b] .., Σ lengths rows)."""
     return _ext().attend(q, ck, cv, slots, starts, lengths, heads, int(window or 0), float(scale),  # type: ignore[union-attr]
-                         bool(bidirectional))
+                         bool(bidirectional), offsets)
 
 
 def markov_greedy(u: torch.Tensor, anchor: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,

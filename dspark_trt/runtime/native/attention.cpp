@@ -111,7 +111,7 @@ void attend_unit(const AttnArgs& a, int64_t b, int64_t g, int64_t t0, int64_t t1
   }
   const __m512 sc = _mm512_set1_ps(a.scale);
   for (int64_t t = t0; t < t1; ++t) {
-    const int64_t m = b * a.T + t, p = a.bidir ? p_last : a.starts[b] + t;
+    const int64_t m = a.row0(b) + t, p = a.bidir ? p_last : a.starts[b] + t;
     const int64_t lo = a.window > 0 ? std::max<int64_t>(0, p - a.window + 1) : 0;
     const int64_t n = p - lo + 1, np = (n + 15) / 16 * 16, j_off = lo - lo0;
     if (static_cast<int64_t>(sbuf.size()) < G * np) sbuf.resize(G * np);
@@ -209,8 +209,8 @@ void attend_unit_d(const AttnArgs& a, int64_t DV, int64_t b, int64_t g, int64_t 
 // attend (attend.h): this engine's per-unit kernel, with per-thread scratch kept between calls.
 at::Tensor attend(const at::Tensor& q, const at::Tensor& ck, const at::Tensor& cv, const at::Tensor& slots,
                   const at::Tensor& starts, const at::Tensor& lengths, int64_t H, int64_t window, double scale,
-                  bool bidir) {
-  return attend_with(q, ck, cv, slots, starts, lengths, H, window, scale, bidir,
+                  bool bidir, const c10::optional<at::Tensor>& offsets) {
+  return attend_with(q, ck, cv, slots, starts, lengths, H, window, scale, bidir, offsets,
                      [](const AttnArgs& a, bool is_bf16, int64_t DV, int64_t b, int64_t g, int64_t t0, int64_t t1) {
                        thread_local std::vector<float> kf, vf, sbuf;
                        if (is_bf16) attend_unit_d<true>(a, DV, b, g, t0, t1, kf, vf, sbuf);

@@ -39,7 +39,7 @@ at::Tensor rope_kv(const at::Tensor& qkv, const at::Tensor& cos, const at::Tenso
                    at::Tensor& ck, at::Tensor& cv, const at::Tensor& slots, int64_t H, int64_t Hkv);
 at::Tensor attend(const at::Tensor& q, const at::Tensor& ck, const at::Tensor& cv, const at::Tensor& slots,
                   const at::Tensor& starts, const at::Tensor& lengths, int64_t H, int64_t window, double scale,
-                  bool bidir);
+                  bool bidir, const c10::optional<at::Tensor>& offsets);
 int64_t argmax_sum(const float* u, const float* b, int64_t n);  // the engine's (draft.cpp), for markov.cpp
 bool top2_row(const float* x, int64_t n, int64_t* arg, float* m1, float* m2);  // the engine's (draft.cpp), for greedy.cpp
 float sumexp_row(const float* x, int64_t n, float m);                           // the engine's (draft.cpp), for greedy.cpp
