@@ -373,7 +373,12 @@ class InflightBatcher:
             log.warning("queue depth %d %s MAX_QUEUE %d: speculation %s", depth, ">" if not speculate else "≤",
                         self.max_queue, "off" if not speculate else "back on")
         self.scheduler.speculate = speculate
-        events = self.scheduler.step()
+        # admitted requests' first tokens go out before the round runs (TTFT does not wait for a drafter pass)
+        self._handle(self.scheduler.step(on_admit=lambda evs: self._handle(evs, depth, speculate)), depth, speculate)
+
+    def _handle(self, events: list[RoundEvent], depth: int, speculate: bool) -> None:
+        """Account one batch of events (the step's admissions, or its round) in the job stats and metrics, then send
+        them."""
         batch = len(events)
         ks: list[int] = []
         accepted = committed = prefilled = prefill_tokens = finished = 0

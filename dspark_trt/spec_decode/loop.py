@@ -24,7 +24,7 @@ import itertools
 import logging
 import random
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Callable, Sequence
 
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.confidence import survival
@@ -247,10 +247,16 @@ class RoundScheduler:
         return reason is not None
 
     # ---- one step -------------------------------------------------------------------------------------
-    def step(self) -> list[RoundEvent]:
-        """Admit waiting requests (batched prefill), then run ONE speculative round for every active request."""
+    def step(self, on_admit: Callable[[list[RoundEvent]], None] | None = None) -> list[RoundEvent]:
+        """Admit waiting requests (batched prefill), then run ONE speculative round for every active request.
+        on_admit: receives the admission's events (each admitted request's first token) before the round runs, so
+        a server can send them without waiting for the round (its drafter pass included); the returned events then
+        hold the round's tokens only. Without it, one event per request holds both."""
         events: dict[int, RoundEvent] = {}
         prefilled = self._admit(events)
+        if on_admit is not None and events:
+            on_admit(list(events.values()))
+            events = {}
         if self._active:  # the survival rule prices the round with the prompts it admitted (spec_decode.costs)
             self._round(events, RoundLoad(prefilled, bool(getattr(self.executor, "fused_prefill", False))))
         return list(events.values())

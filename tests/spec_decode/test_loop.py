@@ -54,6 +54,34 @@ def test_batched_requests_each_equal_plain_greedy(ref_backend, greedy_oracle, ti
         assert out[rid] == greedy_oracle(tiny_models["target"], prompts[i], lens[i])
 
 
+def test_admitted_first_tokens_are_handed_over_before_the_round(ref_backend, greedy_oracle, tiny_models) -> None:
+    """step(on_admit=...) hands each admitted request's first token over before the round runs (a server sends it
+    without waiting for the drafter pass and the verify); the round's events then hold the round's tokens only,
+    and the streams are the same greedy answers."""
+    be = ref_backend("draft", max_batch=2)
+    sched = RoundScheduler(be, LoopConfig(gamma=4))
+    prompts = [(5, 9, 13, 40), (7, 7, 21), (300, 12)]
+    ids = {sched.add(Request(p, 6, policy=_policy("survival", 3))): p for p in prompts}
+    out: dict[int, list[int]] = {r: [] for r in ids}
+    step_start = [0]  # verify calls when the current step began
+    before_verify: list[bool] = []  # per admission: handed over before the step's verify ran
+
+    def on_admit(events) -> None:  # noqa: ANN001
+        before_verify.append(be.verify_calls == step_start[0])
+        for ev in events:
+            assert out[ev.request_id] == [] and len(ev.new_tokens) == 1  # the prefill's token, alone and first
+            out[ev.request_id].extend(ev.new_tokens)
+
+    while sched.pending:
+        step_start[0] = be.verify_calls
+        for ev in sched.step(on_admit=on_admit):
+            assert out[ev.request_id], "a round's event before its request's first token"
+            out[ev.request_id].extend(ev.new_tokens)
+    assert before_verify == [True, True]  # two admissions (two slots, then the third request), each before its round
+    for rid, p in ids.items():
+        assert out[rid] == greedy_oracle(tiny_models["target"], p, 6)
+
+
 def test_speculation_actually_saves_target_calls(ref_backend) -> None:
     res = generate(ref_backend("draft"), [10, 20, 30, 40], max_new_tokens=48,
                    policy=PolicyConfig(policy="fixed", k=4), config=LoopConfig(gamma=4))
