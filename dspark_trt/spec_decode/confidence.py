@@ -40,14 +40,11 @@ class ConfidenceWeights:
             raise InvalidArgumentError(f"ema_init must be in [0, 1], got {self.ema_init}")
 
 
-def round_signals(top1: torch.Tensor | Sequence[float], margin: torch.Tensor | Sequence[float],
-                  k: int) -> tuple[float, float]:
-    """top1 [K+1], margin [K+1] of one row (a tensor, or floats: the executor's lists, which spare a batch of
-    rows a few tensor ops each per round), k its verify length → (avg top-1, avg margin) over positions 0..k (every
+def round_signals(top1: Sequence[float], margin: Sequence[float], k: int) -> tuple[float, float]:
+    """top1 [K+1], margin [K+1] of one row (floats: executors hand them over as lists, one conversion per round
+    rather than tensor ops per row), k its verify length → (avg top-1, avg margin) over positions 0..k (every
     position the target verified in this round, the bonus/recovery position included)."""
     n = k + 1
-    if isinstance(top1, torch.Tensor):
-        return float(top1[:n].float().mean()), float(margin[:n].float().mean())  # type: ignore[union-attr]
     return math.fsum(top1[:n]) / n, math.fsum(margin[:n]) / n
 
 

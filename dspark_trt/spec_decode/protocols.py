@@ -171,8 +171,8 @@ class VerifyOutcome:
     accepted: tuple[int, ...]  # [B] drafts accepted (0 ≤ accepted ≤ k)
     committed: tuple[tuple[int, ...], ...]  # [B] tokens committed, in order: d_1..d_accepted, then target tokens
     # (the recovered / bonus token; at least accepted + 1 tokens); the last is the row's new anchor
-    top1: tuple[torch.Tensor | Sequence[float], ...]  # [B] × [n]: target top-1 probability per verified position
-    margin: tuple[torch.Tensor | Sequence[float], ...]  # [B] × [n]: top-1 − top-2 probability per verified position
+    top1: tuple[Sequence[float], ...]  # [B] × [n]: target top-1 probability per verified position (policies)
+    margin: tuple[Sequence[float], ...]  # [B] × [n]: top-1 − top-2 probability per verified position
 
     def __post_init__(self) -> None:
         if not len(self.accepted) == len(self.committed) == len(self.top1) == len(self.margin):

@@ -161,9 +161,9 @@ def confidence_next_k(cfg: PolicyConfig, conf: float, current_k: int, k: int, ac
 
 
 def observe(cfg: PolicyConfig, state: PolicyState, k: int, accepted: int,
-            top1: torch.Tensor, margin: torch.Tensor, memory: GateMemory | None = None,
+            top1: Sequence[float], margin: Sequence[float], memory: GateMemory | None = None,
             model: Sequence[float] | None = None) -> float:
-    """Update `state` after a verified round (top1/margin [K+1] of this row) → the confidence-formula value.
+    """Update `state` after a verified round (top1/margin [K+1] floats of this row) → the confidence-formula value.
     model: the drafter's calibrated survival a_1..a_n of this row's block when the drafter ran for it (None: not
     drafted, or no confidence head); the survival estimate folds every drafted round, K = 0 included (_fold).
     The acceptance EMA only moves on rounds that verified something (k ≥ 1). Computed for every policy (it is

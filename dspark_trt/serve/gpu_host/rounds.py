@@ -189,8 +189,8 @@ class TrtllmExecutor:
             t1, m = self._signals(row, rep, k_r)
             accepted.append(n_acc)
             committed.append(tuple(toks))
-            top1.append(t1)
-            margin.append(m)
+            top1.append(t1.tolist())
+            margin.append(m.tolist())
         return VerifyOutcome(tuple(accepted), tuple(committed), tuple(top1), tuple(margin))
 
     def _signals(self, row: RoundRow, rep: EngineReply, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -175,7 +175,7 @@ class TapExecutor(TrtllmExecutor):
             T = len(row.sequence)
             feats = got[i][1]
             self._feed(row.slot, (row.anchor,) + drafts[i][:a], None if feats is None else feats[:a + 1], T - 1)
-        return VerifyOutcome(tuple(accepted), tuple(committed), tuple(res.top1), tuple(res.margin))
+        return VerifyOutcome(tuple(accepted), tuple(committed), tuple(res.top1.tolist()), tuple(res.margin.tolist()))
 
     @staticmethod
     def _accept(rows: Sequence[RoundRow], logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor,
