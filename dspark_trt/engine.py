@@ -122,6 +122,8 @@ class SpeculativeDecodingEngine:
         request's own tokens or this engine's recent outputs: spec_decode.suffix; needs no drafter) or both
         ("dspark,suffix": chosen per round by expected committed tokens against the cost, spec_decode.proposers);
         None: spec_decode.policies.default_proposers (both when greedy, the DSpark block alone when sampling).
+      corpus: the suffix proposer's static corpus of the target's own outputs (spec_decode.corpus): "auto" (the
+        shipped corpus when the target is the embedded default, else none), None, a corpus file, or a CorpusIndex.
     """
 
     def __init__(self, target_model: Any, draft_model: Any | None = None, tokenizer: Any | None = None,
@@ -129,7 +131,7 @@ class SpeculativeDecodingEngine:
                  use_confidence_scheduling: bool = True, confidence_threshold: float | None = None,
                  policy: str | None = None, dtype: torch.dtype | None = None, seed: int | None = None,
                  cost_table: CostTable | None = None, min_k: int | None = None, max_k: int | None = None,
-                 proposers: str | Sequence[str] | None = None) -> None:
+                 proposers: str | Sequence[str] | None = None, corpus: Any = "auto") -> None:
         if not isinstance(max_length, int) or max_length < 2:
             raise _bad("max_length", max_length, "an integer ≥ 2 (prompt + generated tokens)")
         if not isinstance(draft_length, int) or not 1 <= draft_length <= 64:
@@ -180,7 +182,12 @@ class SpeculativeDecodingEngine:
             cost_table = profile_costs(backend, draft_length + 1, reps=3)
         self.loop_config = LoopConfig(gamma=draft_length, cost_table=cost_table or CostTable.linear())
         self.gate = GateMemory()  # the survival gate carries across this engine's requests
-        self.suffix = SuffixProposer()  # so do the suffix proposer's recent outputs and learned confidences
+        from dspark_trt.runtime.default_model import corpus_for
+
+        self.corpus = corpus_for(corpus, self.target.embed_tokens.weight, int(self.target.config.vocab_size)) \
+            if "suffix" in self.proposers else None
+        # the suffix proposer's recent outputs and learned confidences carry across requests too
+        self.suffix = SuffixProposer(corpus=self.corpus)
         self._backend = TimedBackend(backend)
         self.eos_ids = tuple(sorted(_eos_set(self.target.config)
                                     | ({int(tokenizer.eos_token_id)} if getattr(tokenizer, "eos_token_id", None)

@@ -50,6 +50,8 @@ class BuildOptions:
     bench: bool = True  # measure the exported target's decode speed in the verify stage (informational)
     serving: str = "reference"  # one of SERVING_MODES (docs/gpu.md)
     cost_table: str | None = None  # survival CostTable JSON for the TensorRT-LLM >= 1.4 DSpark config (None: linear)
+    corpus: str = "auto"  # suffix corpus (spec_decode.corpus): "auto" (the shipped one for the default target),
+    # "none", or a corpus .npz of this target's own outputs (scripts/build_corpus.py)
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> InvalidArgumentError:

@@ -22,7 +22,7 @@ from dspark_trt.builder import calib as calib_mod
 from dspark_trt.builder.manifest import Manifest, StageRecord, hash_dir, hash_file, hash_json, package_versions
 from dspark_trt.builder.options import BuildOptions
 from dspark_trt.builder.validate import ValidatedPair, validate
-from dspark_trt.errors import BuildError
+from dspark_trt.errors import BuildError, InvalidArgumentError
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +91,10 @@ class BuildPipeline:
                                                       "draft_arch": pair.draft_arch, "input_bytes": pair.input_bytes},
                      st.close())
 
+        corpus = check_corpus(opts, pair)  # a corpus file of another vocabulary fails here, before any stage
         export_key = hash_json({"v": EXPORT_VERSION, "inputs": inputs, "calib": [hash_file(calib_mod.CALIB_DIR / n) for n in
                                 ("calib.txt", "heldout.txt")], "modelopt": self.manifest.data["packages"].get("nvidia-modelopt"),
+                                "corpus": [opts.corpus, hash_file(corpus) if corpus is not None else None],
                                 **{k: getattr(opts, k) for k in ("dtype", "quant", "kv_quant", "tp_size", "calib_samples",
                                                                  "calib_seq_len", "eval_tokens")}})
         if not (self._skip("quantize", export_key) and self._skip("export", export_key)):
@@ -187,8 +189,29 @@ class BuildPipeline:
             if (pair.target / name).is_file():
                 shutil.copy2(pair.target / name, tdir / name)
         st.step(1, "tokenizer")
+        efacts["corpus"] = self._corpus(models["target"])
         efacts["version_catch"] = extra["version_catch"]
         self._record("export", key, efacts, st.close())
+
+    def _corpus(self, target: Any) -> dict[str, Any] | None:
+        """Copy the suffix corpus (spec_decode.corpus) into the build as corpus.npz (--corpus: auto / none / FILE)
+        → its meta, or None (no corpus: the served suffix proposer uses the request's tokens and recent outputs)."""
+        from dspark_trt.runtime.default_model import corpus_for
+        from dspark_trt.spec_decode.corpus import corpus_meta
+
+        dest = self.out / "corpus.npz"
+        dest.unlink(missing_ok=True)
+        emb = target.get_input_embeddings().weight  # [V, d]: its fingerprint says whether "auto" applies
+        index = corpus_for(self.opts.corpus, emb, int(emb.shape[0]))
+        if index is None:
+            return None
+        from dspark_trt.runtime.default_model import default_corpus_file
+
+        src = default_corpus_file() if self.opts.corpus == "auto" else Path(self.opts.corpus)
+        shutil.copy2(src, dest)
+        meta = corpus_meta(dest)
+        return {"path": "corpus.npz", "positions": index.size, **{k: meta.get(k) for k in
+                                                                   ("answer_tokens", "records", "target_fingerprint")}}
 
     def _quantize_dspark(self, pair: ValidatedPair, calib: torch.Tensor, st: _Stage, facts: dict[str, Any]) -> Any:
         """ModelOpt-quantize the DSpark drafter, calibrated on real target features of the calibration text."""
@@ -265,6 +288,28 @@ class BuildPipeline:
             facts["paths"].append("engines/llmapi")
         st.step(1, "built" if facts.get("built") else "plan only")
         self._record("engines", key, facts, st.close())
+
+
+def check_corpus(opts: BuildOptions, pair: ValidatedPair) -> Path | None:
+    """The corpus file --corpus names (auto: the shipped one, used only if it matches the target; none: None) →
+    its path; InvalidArgumentError naming the fix if a named file is missing or made for another vocabulary."""
+    import json
+
+    from dspark_trt.runtime.default_model import default_corpus_file
+    from dspark_trt.spec_decode.corpus import corpus_meta
+
+    if opts.corpus == "none":
+        return None
+    if opts.corpus == "auto":
+        path = default_corpus_file()
+        return path if path.is_file() else None
+    path = Path(opts.corpus)
+    size = int(corpus_meta(path).get("vocab_size", 0))
+    want = int(json.loads((pair.target / "config.json").read_text()).get("vocab_size", 0))
+    if size != want:
+        raise InvalidArgumentError(f"--corpus {path} was made for a vocabulary of {size} tokens, the target has "
+                                   f"{want}; build a corpus from this target's own outputs (scripts/build_corpus.py)")
+    return path
 
 
 def drafter_taps(pair: ValidatedPair) -> tuple[int, ...]:

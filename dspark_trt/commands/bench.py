@@ -79,6 +79,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-useless-drafter", action="store_true",
                    help="skip the survival-with-a-useless-drafter rows (the never-slower-than-plain check)")
     p.add_argument("--no-suffix", action="store_true", help="skip the suffix-alone and hybrid DSpark+suffix rows")
+    p.add_argument("--corpus", default="auto", metavar="auto|none|FILE",
+                   help="the suffix proposer's corpus of the target's own outputs (auto: the shipped one for the "
+                        "embedded default target; none: the request's own tokens only)")
     p.add_argument("--target", type=Path, default=None, help="target HF dir (default: embedded SmolLM2-135M)")
     p.add_argument("--draft", type=Path, default=None, help="draft dir (default: the shipped DSpark drafter)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=D.dtype)
@@ -219,10 +222,11 @@ def run(args: argparse.Namespace) -> int:
             engines[f"ours DSpark (fixed K={k})" if pol == "fixed" else f"ours DSpark ({pol})"] = eng
     suffix = not getattr(args, "no_suffix", False)
     if suffix:
+        corpus = getattr(args, "corpus", "auto")
         engines[SUFFIX] = SpeculativeDecodingEngine(target, None, tok, max_len, gamma, policy="survival",
-                                                    cost_table=table, proposers="suffix")
+                                                    cost_table=table, proposers="suffix", corpus=corpus)
         engines[HYBRID] = SpeculativeDecodingEngine(target, drafter, tok, max_len, gamma, policy="survival",
-                                                    cost_table=table, proposers="dspark,suffix")
+                                                    cost_table=table, proposers="dspark,suffix", corpus=corpus)
     if not args.no_useless_drafter:
         junk = useless_drafter(draft_dir, target, dtype, Path(target_dir))
         engines[USELESS] = SpeculativeDecodingEngine(target, junk, tok, max_len, gamma, policy="survival",
@@ -230,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
         if suffix:
             engines[HYBRID_USELESS] = SpeculativeDecodingEngine(target, junk, tok, max_len, gamma,
                                                                 policy="survival", cost_table=table,
-                                                                proposers="dspark,suffix")
+                                                                proposers="dspark,suffix", corpus=corpus)
     hf = None
     if not args.no_hf:
         from transformers import AutoModelForCausalLM

@@ -35,6 +35,15 @@ def machine_stamp() -> dict[str, Any]:
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 
+def _corpus_label(spec: str) -> str:
+    if spec == "none":
+        return "none (the request's own tokens only)"
+    if spec == "auto":
+        return ("the shipped one (the target's greedy answers to the drafter's training prompts; no benchmark prompt "
+                "among them) when the target is the embedded default")
+    return spec
+
+
 def _set_label(args: argparse.Namespace) -> str:
     name = getattr(args, "prompt_set", "held-out")
     return "held-out set: never used in training" if name == "held-out" else f"prompt set {name}"
@@ -65,7 +74,9 @@ def write_report(args: argparse.Namespace, results: dict[str, Any], gamma: int, 
         f"{'' if getattr(args, 'fixed_k', 'all') == 'all' else ' --fixed-k ' + str(args.fixed_k)}"
         f"{' --no-hf' if getattr(args, 'no_hf', False) else ''}"
         f"{' --prompt-set ' + args.prompt_set if getattr(args, 'prompt_set', 'held-out') != 'held-out' else ''}"
-        f"{' --max-prompts ' + str(args.max_prompts) if getattr(args, 'max_prompts', 0) else ''}`.", "",
+        f"{' --max-prompts ' + str(args.max_prompts) if getattr(args, 'max_prompts', 0) else ''}"
+        f"{' --corpus ' + str(args.corpus) if getattr(args, 'corpus', 'auto') != 'auto' else ''}`. Suffix corpus "
+        f"(the suffix rows): {_corpus_label(getattr(args, 'corpus', 'auto'))}.", "",
         "| engine | decode tok/s | vs ours plain | vs HF bf16 | τ | acceptance α | drafted rounds | "
         "first-token reject | output = plain greedy |",
         "|---|---|---|---|---|---|---|---|---|",

@@ -55,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost-table", dest="cost_table", default=_D.cost_table, metavar="JSON",
                    help="survival cost table (spec_decode.scheduler.CostTable JSON) exported into the TensorRT-LLM "
                         ">= 1.4 DSpark config (default: the relative linear model)")
+    p.add_argument("--corpus", default=_D.corpus, metavar="auto|none|FILE",
+                   help="suffix corpus of the target's own outputs put in the build (auto: the shipped one when the "
+                        "target is the embedded default; FILE: scripts/build_corpus.py's .npz; default %(default)s)")
     p.add_argument("--no-engines", dest="build_engines", action="store_false",
                    help="never try TensorRT-LLM; only write engines/build_engines.sh")
     p.add_argument("--no-bench", dest="bench", action="store_false",

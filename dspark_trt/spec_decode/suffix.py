@@ -15,6 +15,8 @@ Owns (pure Python, no torch, no models):
   online from the proposer's own verified rounds per (source own / cross, match length, depth j) as a Beta
   posterior mean with forgetting (counts are halved past `horizon` observations), so the survival rule weighs a
   suffix proposal like the DSpark head's calibrated c_k.
+- the corpus (spec_decode.corpus.CorpusIndex, optional): a static index of the target's own answers to other
+  prompts; its proposal wins a row's round where its expected accepted tokens Σ_j Π c_i beat the own / cross one.
 - `SuffixProposer`: the above for the rows of one RoundScheduler (or shared across schedulers, like GateMemory):
   `propose(key, sequence, cap)` → `SuffixProposal | None`, `observe(proposal, k, accepted)` (a verified suffix
   round), `observe_committed(proposal, committed)` (a greedy round that verified another proposer: the committed
@@ -34,12 +36,14 @@ from dataclasses import dataclass, field, replace
 from typing import Hashable, Sequence
 
 from dspark_trt.errors import InvalidArgumentError
+from dspark_trt.spec_decode.corpus import CorpusIndex
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SuffixConfig", "SuffixProposal", "SequenceIndex", "SuffixIndex", "SuffixConfidence", "SuffixProposer"]
+__all__ = ["SuffixConfig", "SuffixProposal", "SequenceIndex", "SuffixIndex", "SuffixConfidence", "SuffixProposer",
+           "corpus_class"]
 
-SOURCES = ("own", "cross")
+SOURCES = ("own", "cross", "corpus")
 
 
 @dataclass(frozen=True)
@@ -85,7 +89,12 @@ class SuffixProposal:
     tokens: tuple[int, ...]  # [m] proposed d_1..d_m (1 ≤ m ≤ cap)
     conf: tuple[float, ...]  # [m] c_j per proposed position (SuffixConfidence)
     match_len: int  # length of the matched suffix
-    source: str  # "own" (the request's prompt + output) | "cross" (recent outputs of other requests)
+    source: str  # "own" (the request's prompt + output) | "cross" (recent outputs of other requests) | "corpus"
+    classes: tuple[int, ...] = ()  # [m] the confidence class of each position (SuffixConfidence); () = match_len
+
+    def class_at(self, depth: int) -> int:
+        """The confidence class of proposed position `depth` (1-based)."""
+        return self.classes[depth - 1] if self.classes else self.match_len
 
 
 def _continue(seq: Sequence[int], end: int, cap: int) -> list[int]:
@@ -195,9 +204,16 @@ class SuffixIndex:
         return None
 
 
+def corpus_class(match_len: int, share: float) -> int:
+    """The confidence class of a corpus-proposed position: match length (1–2, 3–5, ≥ 6 tokens) × the share of the
+    voting occurrences that continue with it (fifths) — both predict acceptance (docs/drafter.md)."""
+    return (0 if match_len <= 2 else 1 if match_len <= 5 else 2) * 5 + min(int(share * 5), 4)
+
+
 @dataclass
 class SuffixConfidence:
-    """c_j by (source, match length, depth j), learned online: (accepted + α) / (reached + α + β)."""
+    """c_j by (source, class, depth j), learned online: (accepted + α) / (reached + α + β). The class of an own or
+    cross-request match is its length; of a corpus match, `corpus_class`."""
 
     config: SuffixConfig
     hits: dict[tuple[str, int, int], float] = field(default_factory=dict)
@@ -205,7 +221,7 @@ class SuffixConfidence:
 
     def _key(self, source: str, match_len: int, depth: int) -> tuple[str, int, int]:
         cfg = self.config
-        return source, min(match_len, cfg.max_match), min(depth, cfg.max_depth)
+        return source, match_len if source == "corpus" else min(match_len, cfg.max_match), min(depth, cfg.max_depth)
 
     def conf(self, source: str, match_len: int, depth: int) -> float:
         """c_depth (depth 1 = the first proposed token)."""
@@ -213,16 +229,29 @@ class SuffixConfidence:
         a, b = self.config.prior_accept, self.config.prior_reject
         return (self.hits.get(key, 0.0) + a) / (self.reached.get(key, 0.0) + a + b)
 
-    def observe(self, source: str, match_len: int, k: int, accepted: int) -> None:
+    def observe(self, source: str, match_len: int | Sequence[int], k: int, accepted: int) -> None:
         """One verified round of k proposed tokens, `accepted` of them kept: positions 1..min(k, accepted + 1) were
-        reached; of those 1..accepted were accepted."""
+        reached; of those 1..accepted were accepted. match_len: the class of every position, or one per position."""
         for j in range(1, min(k, accepted + 1) + 1):
-            key = self._key(source, match_len, j)
+            key = self._key(source, match_len if isinstance(match_len, int) else match_len[j - 1], j)
             r = self.reached.get(key, 0.0) + 1.0
             h = self.hits.get(key, 0.0) + (1.0 if j <= accepted else 0.0)
             if r > self.config.horizon:  # forgetting: the stream's recent rounds dominate
                 r, h = r / 2.0, h / 2.0
             self.reached[key], self.hits[key] = r, h
+
+
+def _expected(conf: Sequence[float]) -> float:
+    """Expected accepted tokens of a proposal verified whole: Σ_j Π_{i≤j} c_i."""
+    total, run = 0.0, 1.0
+    for c in conf:
+        run *= c
+        total += run
+    return total
+
+
+def _classes(p: SuffixProposal) -> int | tuple[int, ...]:
+    return p.classes or p.match_len
 
 
 class SuffixProposer:
@@ -232,8 +261,9 @@ class SuffixProposer:
     prompt + committed output, kept in step with `propose`'s `sequence` argument; across requests one SuffixIndex
     and one SuffixConfidence. Not thread-safe: one round loop drives it (as it drives the scheduler)."""
 
-    def __init__(self, config: SuffixConfig = SuffixConfig()) -> None:
+    def __init__(self, config: SuffixConfig = SuffixConfig(), corpus: CorpusIndex | None = None) -> None:
         self.config = config
+        self.corpus = corpus  # static: a corpus of the target's own outputs (spec_decode.corpus), None: none
         self.cross = SuffixIndex(config)
         self.confidence = SuffixConfidence(config)
         self._own: dict[Hashable, SequenceIndex] = {}
@@ -254,7 +284,8 @@ class SuffixProposer:
 
     def propose(self, key: Hashable, sequence: Sequence[int], cap: int) -> SuffixProposal | None:
         """Up to cap tokens continuing `sequence` (the request's committed tokens, prompt included) from the
-        longest match (own sequence first on equal lengths, then recent outputs), or None (no match, cap 0)."""
+        longest match (own sequence first on equal lengths, then recent outputs) — or from the corpus where its
+        expected accepted tokens under the learned c_j are higher — or None (no match, cap 0)."""
         if cap < 1:
             return None
         idx = self._index(key, sequence)
@@ -263,11 +294,20 @@ class SuffixProposer:
         cross = self.cross.match(idx.tokens[-self.config.max_match:], cap)
         if cross is not None and (best is None or cross[1] > best[1]):
             best, source = cross, "cross"
-        if best is None:
-            return None
-        tokens, n = best
-        conf = tuple(self.confidence.conf(source, n, j) for j in range(1, len(tokens) + 1))
-        return SuffixProposal(tuple(tokens), conf, n, source)
+        found = None
+        if best is not None:
+            tokens, n = best
+            found = SuffixProposal(tuple(tokens), tuple(self.confidence.conf(source, n, j)
+                                                        for j in range(1, len(tokens) + 1)), n, source)
+        if self.corpus is not None:
+            cm = self.corpus.match(idx.tokens, cap)
+            if cm is not None:
+                classes = tuple(corpus_class(cm.match_len, sh) for sh in cm.shares)
+                conf = tuple(self.confidence.conf("corpus", c, j) for j, c in enumerate(classes, start=1))
+                corpus = SuffixProposal(cm.tokens, conf, cm.match_len, "corpus", classes)
+                if found is None or _expected(corpus.conf) > _expected(found.conf):
+                    found = corpus
+        return found
 
     def observe_committed(self, proposal: SuffixProposal, committed: Sequence[int]) -> None:
         """Learn from a greedy round whose drafts came from elsewhere (DSpark, or none): the target's committed
@@ -278,7 +318,7 @@ class SuffixProposer:
             m += 1
         k = m + 1 if m < n else m
         if k >= 1:
-            self.confidence.observe(proposal.source, proposal.match_len, k, m)
+            self.confidence.observe(proposal.source, _classes(proposal), k, m)
 
     def forget_outputs(self) -> None:
         """Empty the cross-request index (benchmarks: a repeated prompt must not copy its own earlier output); the
@@ -288,7 +328,7 @@ class SuffixProposer:
     def observe(self, proposal: SuffixProposal, k: int, accepted: int) -> None:
         """Fold one verified round (k ≥ 1 of the proposal's tokens verified, `accepted` kept) into c_j."""
         if k >= 1:
-            self.confidence.observe(proposal.source, proposal.match_len, k, accepted)
+            self.confidence.observe(proposal.source, _classes(proposal), k, accepted)
 
     def release(self, key: Hashable, sequence: Sequence[int] | None = None, prompt_len: int = 0) -> None:
         """Forget a request's own index; with its final `sequence`, add its output (preceded by max_match prompt

@@ -140,3 +140,32 @@ def test_dspark_drafter_build(builds, tiny_dspark: Path) -> None:  # noqa: ANN00
         ids = pair.tokenizer(prompt)["input_ids"]
         got, eos = _spec_decode(pair, ids, NEW, "confidence")
         assert got == plain_greedy(pair.target, ids, NEW, set(eos)), prompt
+
+
+def test_build_puts_the_suffix_corpus_in_the_build(builds, tiny_pair, tmp_path: Path) -> None:  # noqa: ANN001
+    """--corpus FILE: the corpus (of this target's vocabulary) lands in the build and the server's loader reads it;
+    --corpus auto on a target that is not the embedded default, or none: no corpus; another vocabulary: a clear
+    error before anything is written."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from dspark_trt.builder.pipeline import run_build
+    from dspark_trt.errors import InvalidArgumentError
+    from dspark_trt.serve.build_loader import load_build_corpus
+    from dspark_trt.spec_decode.corpus import save_corpus
+
+    vocab = json.loads((tiny_pair.target / "config.json").read_text())["vocab_size"]
+    good = tmp_path / "good.npz"
+    save_corpus(good, np.array([-1, 5, 6, 7, 8, -1, 5, 6, 9, -1], dtype=np.int32), {"vocab_size": vocab})
+    out = builds.get("corpus", corpus=str(good), **MODES["none32"])
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["stages"]["export"]["outputs"]["corpus"]["positions"] == 7
+    index = load_build_corpus(SimpleNamespace(build=out), vocab)
+    assert index is not None and index.match([1, 5, 6], 2).tokens in ((7, 8), (9,))
+    plain = builds.get("none32", **MODES["none32"])  # --corpus auto (the default): the tiny target is not the default
+    assert not (plain / "corpus.npz").exists() and load_build_corpus(SimpleNamespace(build=plain), vocab) is None
+    bad = tmp_path / "bad.npz"
+    save_corpus(bad, np.array([-1, 1, 2, -1], dtype=np.int32), {"vocab_size": vocab + 1})
+    with pytest.raises(InvalidArgumentError, match="vocabulary of"):
+        run_build(builds.options("corpus_bad", corpus=str(bad), **MODES["none32"]), quiet=True)

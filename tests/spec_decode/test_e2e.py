@@ -227,3 +227,26 @@ def test_bench_writes_a_report(tiny_pair, tmp_path, capsys, caplog) -> None:
     assert main(["bench", "--target", str(tiny_pair.target), "--draft", str(tiny_pair.draft), "--prompts", str(bad),
                  "--no-hf", "--out", str(out)]) != 0
     assert 'must be a JSON object with "prompt"' in caplog.text
+
+@pytest.mark.slow
+def test_default_target_gets_the_shipped_corpus_and_stays_lossless(default_target_dir: Path) -> None:
+    """corpus="auto": the embedded default target (same embedding fingerprint) gets the shipped corpus of its own
+    answers, a proposal source on prompts it never saw; the output equals plain greedy."""
+    from dspark_trt.engine import SpeculativeDecodingEngine
+    from dspark_trt.runtime.drafters.vocab import target_fingerprint
+    from dspark_trt.runtime.hf_loader import load_hf_checkpoint, load_tokenizer
+
+    target = load_hf_checkpoint(default_target_dir, dtype=torch.float32)
+    tok = load_tokenizer(default_target_dir)
+    eng = SpeculativeDecodingEngine(target, None, tok, max_length=256, policy="survival", proposers="suffix")
+    assert eng.corpus is not None and eng.corpus.size > 5_000_000
+    assert eng.corpus.meta["target_fingerprint"] == target_fingerprint(target.embed_tokens.weight)
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Give me three tips for a job interview."}],
+                                             add_generation_prompt=True, tokenize=False))
+    res = eng.run(ids, 48)
+    plain = generate(_backend(target, None, 1, 256), ids, 48, policy=PolicyConfig(policy="plain"))
+    assert res.tokens == plain.tokens
+    assert res.stats.by_proposer["suffix"].accepted_tokens >= 10  # its own tokens alone give 4 here
+    none = SpeculativeDecodingEngine(target, None, tok, max_length=256, policy="survival", proposers="suffix",
+                                     corpus=None)
+    assert none.corpus is None and none.run(ids, 48).tokens == plain.tokens

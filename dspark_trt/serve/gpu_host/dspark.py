@@ -95,7 +95,12 @@ class TrtllmDsparkModel(DsparkModel):
             drafter, taps = load_tap_drafter(self.cfg.build)
             ex = TapExecutor(self.client, drafter, taps, self.cfg.max_batch, self.cfg.max_seq_len, info.vocab_size,
                              self.TARGET_MODEL, observe)
-            sched = RoundScheduler(ex, LoopConfig(gamma=self.cfg.gamma))
+            from dspark_trt.serve.build_loader import load_build_corpus  # noqa: PLC0415
+            from dspark_trt.serve.config import suffix_corpus_on  # noqa: PLC0415
+            from dspark_trt.spec_decode.suffix import SuffixProposer  # noqa: PLC0415
+
+            corpus = load_build_corpus(self.cfg, info.vocab_size) if suffix_corpus_on() else None
+            sched = RoundScheduler(ex, LoopConfig(gamma=self.cfg.gamma), suffix=SuffixProposer(corpus=corpus))
         else:
             sched = TrtllmRoundScheduler(self.client, LoopConfig(gamma=self.cfg.gamma), self.cfg.max_batch,
                                          self.cfg.max_seq_len, info.vocab_size, self.TARGET_MODEL, self.DRAFT_MODEL,

@@ -1,0 +1,234 @@
+"""The corpus index: suffix matches in a static corpus of the target's own outputs (a third source of suffix drafts).
+
+Owns (numpy, no torch, no models):
+- `CorpusIndex`: a read-only index over a corpus of token sequences (the target's greedy answers to many prompts,
+  separated). Every corpus position i that has a token is keyed by the tokens before it, nearest first
+  (t[i−1], t[i−2], …, t[i−max_match], stopping at a sequence boundary), packed into uint64 keys (as many tokens
+  per key as fit: 4 for a vocabulary under 2^16), and the positions sorted by those keys. The occurrences of a
+  context's last n tokens are then one contiguous range, nested in the range of its last n − 1: a lookup narrows
+  the range token by token (two binary searches per token on a view, no copy) to the longest match ≤ max_match,
+  then votes the continuation over up to `max_votes` of the range's occurrences (evenly spaced): at each depth the
+  most frequent next token among the occurrences that agreed so far (ties: the smaller id), its share recorded.
+  Memory: N positions (int32) + N × ceil(max_match / tokens per key) keys (uint64) + the tokens (int32) — ~130 MB
+  for the 5.35M-token default corpus at max_match 8; built in a few seconds (a lexsort).
+- `CorpusMatch`: a lookup's answer (tokens, match length, occurrences, shares per depth).
+- the corpus file format (`save_corpus` / `load_corpus`): an .npz with `tokens` (int32, −1 between sequences) and
+  `meta` (JSON: vocab size and digest, the target's fingerprint, where the corpus came from), and
+  `corpus_from_records` (chatgen-style JSONL records → the answers' tokens, each with a few prompt tokens before it:
+  the chat template's assistant header, so the first answer tokens match too).
+
+Why: SuffixDecoding-style speculation from earlier outputs of the same model. A small model's greedy answers repeat
+its phrasing across prompts, so a corpus of its answers to other prompts proposes continuations that the target
+accepts about as often as a trained drafter's first tokens, at the cost of a dictionary lookup (docs/drafter.md,
+"A corpus of the target's own answers"). The held-out prompts of the benchmarks never enter the shipped corpus.
+spec_decode.suffix.SuffixProposer asks it beside the request's own tokens and recent outputs.
+"""
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from dspark_trt.errors import InvalidArgumentError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CorpusIndex", "CorpusMatch", "save_corpus", "load_corpus", "corpus_meta", "shared_corpus",
+           "corpus_from_records"]
+
+SEP = -1  # between sequences in a corpus token array
+PROMPT_TAIL = 4  # prompt tokens kept before each answer (the assistant header of a chat template)
+
+
+@dataclass(frozen=True)
+class CorpusMatch:
+    """One lookup: the voted continuation of the longest corpus match of a context's last tokens."""
+
+    tokens: tuple[int, ...]  # [m] the continuation, 1 ≤ m ≤ cap
+    match_len: int  # tokens of the context matched
+    occurrences: int  # corpus positions with that context (before sampling the vote)
+    shares: tuple[float, ...]  # [m] share of the voting occurrences (still agreeing) that continue with tokens[j]
+
+
+class CorpusIndex:
+    """A static suffix index over a corpus token array (see the module doc)."""
+
+    def __init__(self, tokens: np.ndarray, vocab_size: int, max_match: int = 8, max_votes: int = 256,
+                 meta: dict[str, Any] | None = None) -> None:
+        t = np.asarray(tokens, dtype=np.int64).reshape(-1)  # [N]
+        if not 1 <= max_match <= 32 or max_votes < 1:
+            raise InvalidArgumentError(f"corpus index: need 1 ≤ max_match ≤ 32 and max_votes ≥ 1, got {max_match}, "
+                                       f"{max_votes}")
+        if vocab_size < 1 or (t.size and (int(t.max()) >= vocab_size or int(t.min()) < SEP)):
+            raise InvalidArgumentError(f"corpus tokens must be token ids in [0, {vocab_size}) or {SEP} between "
+                                       f"sequences; rebuild the corpus for this target's vocabulary")
+        self.vocab_size, self.max_match, self.max_votes = int(vocab_size), int(max_match), int(max_votes)
+        self.meta = dict(meta or {})
+        self.bits = int(vocab_size).bit_length()  # value vocab_size (a boundary) fits too
+        self.per_key = max(1, 64 // self.bits)
+        n_keys = -(-self.max_match // self.per_key)
+        self.tokens = np.concatenate([t, np.full(64, SEP, dtype=np.int64)]).astype(np.int32)  # [N + 64] padded
+        pos = np.nonzero(t >= 0)[0]  # [P] positions with a token to propose
+        ctx = np.full((pos.size, n_keys * self.per_key), self.vocab_size, dtype=np.uint64)  # [P, depth] nearest first
+        alive = np.ones(pos.size, dtype=bool)
+        for d in range(1, self.max_match + 1):
+            prev = np.where(pos - d >= 0, t[np.maximum(pos - d, 0)], SEP)
+            alive &= prev >= 0  # a boundary ends the context
+            ctx[alive, d - 1] = prev[alive].astype(np.uint64)
+        keys = [self._pack(ctx[:, k * self.per_key:(k + 1) * self.per_key]) for k in range(n_keys)]
+        order = np.lexsort([pos] + keys[::-1])  # by key 0, then key 1, …, then position (deterministic ties)
+        self.positions = pos[order].astype(np.int32)  # [P]
+        self.keys = [k[order] for k in keys]  # n_keys × [P] uint64, sorted lexicographically
+        log.info("corpus index: %d positions, max_match %d, %d keys of %d tokens", pos.size, max_match, n_keys,
+                 self.per_key)
+
+    def _pack(self, cols: np.ndarray) -> np.ndarray:
+        """[P, per_key] token values (nearest first) → [P] uint64, the nearest in the highest bits."""
+        out = np.zeros(cols.shape[0], dtype=np.uint64)
+        for c in range(self.per_key):
+            out = (out << np.uint64(self.bits)) | cols[:, c]
+        return out
+
+    def _bound(self, prefix: Sequence[int], high: bool) -> np.uint64:
+        """The key of a level whose first len(prefix) tokens are `prefix`, the rest at their lowest (or highest)."""
+        fill = (1 << self.bits) - 1 if high else 0
+        v = 0
+        for c in range(self.per_key):
+            v = (v << self.bits) | (int(prefix[c]) if c < len(prefix) else fill)
+        return np.uint64(v)
+
+    @property
+    def size(self) -> int:
+        """Corpus positions indexed."""
+        return int(self.positions.size)
+
+    def match(self, context: Sequence[int], cap: int) -> CorpusMatch | None:
+        """The voted continuation (≤ cap tokens) of the longest suffix of `context` found in the corpus, or None."""
+        if cap < 1 or not len(context):
+            return None
+        want = [int(x) for x in reversed(context[-self.max_match:])]  # nearest first
+        if any(not 0 <= x < self.vocab_size for x in want):
+            want = want[:next(i for i, x in enumerate(want) if not 0 <= x < self.vocab_size)]
+        lo, hi, n = 0, self.size, 0
+        for level, keys in enumerate(self.keys):
+            part = want[level * self.per_key:(level + 1) * self.per_key]
+            got = 0
+            for m in range(1, len(part) + 1):  # nested ranges: stop at the first empty one
+                view = keys[lo:hi]
+                a = int(np.searchsorted(view, self._bound(part[:m], False), "left"))
+                b = int(np.searchsorted(view, self._bound(part[:m], True), "right"))
+                if b <= a:
+                    break
+                lo, hi, got = lo + a, lo + b, m
+            n += got
+            if got < self.per_key:
+                break
+        if n == 0:
+            return None
+        count = hi - lo
+        sel = lo + (np.arange(min(count, self.max_votes), dtype=np.int64) * count) // min(count, self.max_votes)
+        starts = self.positions[sel].astype(np.int64)  # [S] continuation starts
+        cont = self.tokens[starts[:, None] + np.arange(min(cap, 64))]  # [S, cap]
+        tokens: list[int] = []
+        shares: list[float] = []
+        rows = np.arange(starts.size)
+        for j in range(cont.shape[1]):
+            if rows.size == 1:  # one occurrence left: its continuation up to the sequence's end, share 1
+                for x in cont[rows[0], j:].tolist():
+                    if x < 0:
+                        break
+                    tokens.append(int(x))
+                    shares.append(1.0)
+                break
+            col = cont[rows, j]
+            lo_v, hi_v = int(col.min()), int(col.max())
+            if lo_v == hi_v:  # all agree (or all ended)
+                if lo_v < 0:
+                    break
+                tokens.append(lo_v)
+                shares.append(1.0)
+                continue
+            col = col[col >= 0]
+            vals, counts = np.unique(col, return_counts=True)
+            best = int(np.argmax(counts))  # first maximum: the smallest id on ties
+            tokens.append(int(vals[best]))
+            shares.append(float(counts[best]) / float(rows.size))
+            rows = rows[cont[rows, j] == vals[best]]
+        return CorpusMatch(tuple(tokens), n, int(count), tuple(shares)) if tokens else None
+
+
+def corpus_from_records(paths: Iterable[Path | str], max_tokens: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
+    """chatgen-style JSONL(.gz) records {"ids": prompt + answer, "prompt_len"} → (tokens int32 with SEP between
+    answers, each answer preceded by its prompt's last PROMPT_TAIL tokens; stats). max_tokens > 0: stop there."""
+    out: list[int] = []
+    records = answer = 0
+    for path in paths:
+        opener = gzip.open if str(path).endswith(".gz") else open
+        with opener(path, "rt") as fh:
+            for line in fh:
+                d = json.loads(line)
+                ids, pl = d["ids"], int(d["prompt_len"])
+                if len(ids) <= pl:
+                    continue
+                out.append(SEP)
+                out.extend(int(x) for x in ids[max(0, pl - PROMPT_TAIL):])
+                records += 1
+                answer += len(ids) - pl
+                if max_tokens and answer >= max_tokens:
+                    break
+        if max_tokens and answer >= max_tokens:
+            break
+    out.append(SEP)
+    return np.asarray(out, dtype=np.int32), {"records": records, "answer_tokens": answer}
+
+
+def save_corpus(path: Path | str, tokens: np.ndarray, meta: dict[str, Any]) -> None:
+    """Write a corpus file (.npz, compressed): tokens int32 [N] (SEP between sequences) and meta as JSON."""
+    np.savez_compressed(path, tokens=np.asarray(tokens, dtype=np.int32), meta=np.array(json.dumps(meta, sort_keys=True)))
+
+
+def corpus_meta(path: Path | str) -> dict[str, Any]:
+    """A corpus file's meta (vocab size and digest, target fingerprint, sources) without indexing it."""
+    path = Path(path)
+    if not path.is_file():
+        raise InvalidArgumentError(f"corpus file {path} does not exist; pass the .npz written by save_corpus")
+    with np.load(path, allow_pickle=False) as z:
+        if "meta" not in z:
+            raise InvalidArgumentError(f"{path} is not a corpus file (no 'meta' array); write one with save_corpus")
+        return json.loads(str(z["meta"]))
+
+
+@functools.lru_cache(maxsize=4)
+def shared_corpus(path: str, mtime_ns: int, vocab_size: int | None = None) -> CorpusIndex:
+    """load_corpus, once per file version in a process: an index is read-only, so engines and schedulers share it
+    (call as shared_corpus(str(p), p.stat().st_mtime_ns, vocab_size))."""
+    return load_corpus(path, vocab_size)
+
+
+def load_corpus(path: Path | str, vocab_size: int | None = None, vocab_digest: str | None = None,
+                max_match: int = 8) -> CorpusIndex:
+    """A corpus file → CorpusIndex. vocab_size / vocab_digest given: InvalidArgumentError unless the corpus was made
+    with that vocabulary (a corpus of another tokenizer's ids would propose nonsense)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InvalidArgumentError(f"corpus file {path} does not exist; pass the .npz written by save_corpus")
+    with np.load(path, allow_pickle=False) as z:
+        if "tokens" not in z or "meta" not in z:
+            raise InvalidArgumentError(f"{path} is not a corpus file (needs arrays 'tokens' and 'meta'); write one "
+                                       f"with dspark_trt.spec_decode.corpus.save_corpus")
+        tokens, meta = z["tokens"], json.loads(str(z["meta"]))
+    size = int(meta.get("vocab_size", 0))
+    if vocab_size is not None and size != vocab_size:
+        raise InvalidArgumentError(f"corpus {path} was made for a vocabulary of {size} tokens, the target has "
+                                   f"{vocab_size}; build a corpus from this target's own outputs")
+    if vocab_digest is not None and meta.get("vocab_digest") not in (None, vocab_digest):
+        raise InvalidArgumentError(f"corpus {path} was made with another tokenizer (vocab digest "
+                                   f"{meta.get('vocab_digest')}, the target's {vocab_digest}); build a corpus from "
+                                   f"this target's own outputs")
+    return CorpusIndex(tokens, size or (vocab_size or int(tokens.max()) + 1), max_match=max_match, meta=meta)
