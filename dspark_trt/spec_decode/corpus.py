@@ -75,25 +75,25 @@ class CorpusIndex:
         n_keys = -(-self.max_match // self.per_key)
         self.tokens = np.concatenate([t, np.full(64, SEP, dtype=np.int64)]).astype(np.int32)  # [N + 64] padded
         pos = np.nonzero(t >= 0)[0]  # [P] positions with a token to propose
-        ctx = np.full((pos.size, n_keys * self.per_key), self.vocab_size, dtype=np.uint64)  # [P, depth] nearest first
-        alive = np.ones(pos.size, dtype=bool)
-        for d in range(1, self.max_match + 1):
-            prev = np.where(pos - d >= 0, t[np.maximum(pos - d, 0)], SEP)
-            alive &= prev >= 0  # a boundary ends the context
-            ctx[alive, d - 1] = prev[alive].astype(np.uint64)
-        keys = [self._pack(ctx[:, k * self.per_key:(k + 1) * self.per_key]) for k in range(n_keys)]
+        keys: list[np.ndarray] = []  # n_keys × [P]: the context nearest first, per_key tokens a key
+        alive = np.ones(pos.size, dtype=bool)  # the context has not hit a sequence boundary yet
+        boundary = np.uint64(self.vocab_size)
+        for k in range(n_keys):
+            key = np.zeros(pos.size, dtype=np.uint64)
+            for d in range(k * self.per_key + 1, (k + 1) * self.per_key + 1):
+                if d <= self.max_match:
+                    prev = np.where(pos - d >= 0, t[np.maximum(pos - d, 0)], SEP)
+                    alive &= prev >= 0  # a boundary ends the context
+                    col = np.where(alive, prev, self.vocab_size).astype(np.uint64)
+                else:
+                    col = np.full(pos.size, boundary, dtype=np.uint64)
+                key = (key << np.uint64(self.bits)) | col
+            keys.append(key)
         order = np.lexsort([pos] + keys[::-1])  # by key 0, then key 1, …, then position (deterministic ties)
         self.positions = pos[order].astype(np.int32)  # [P]
         self.keys = [k[order] for k in keys]  # n_keys × [P] uint64, sorted lexicographically
         log.info("corpus index: %d positions, max_match %d, %d keys of %d tokens", pos.size, max_match, n_keys,
                  self.per_key)
-
-    def _pack(self, cols: np.ndarray) -> np.ndarray:
-        """[P, per_key] token values (nearest first) → [P] uint64, the nearest in the highest bits."""
-        out = np.zeros(cols.shape[0], dtype=np.uint64)
-        for c in range(self.per_key):
-            out = (out << np.uint64(self.bits)) | cols[:, c]
-        return out
 
     def _bound(self, prefix: Sequence[int], high: bool) -> np.uint64:
         """The key of a level whose first len(prefix) tokens are `prefix`, the rest at their lowest (or highest)."""
