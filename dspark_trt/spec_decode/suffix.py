@@ -16,7 +16,8 @@ Owns (pure Python, no torch, no models):
   posterior mean with forgetting (counts are halved past `horizon` observations), so the survival rule weighs a
   suffix proposal like the DSpark head's calibrated c_k.
 - the corpus (spec_decode.corpus.CorpusIndex, optional): a static index of the target's own answers to other
-  prompts; its proposal wins a row's round where its expected accepted tokens Σ_j Π c_i beat the own / cross one.
+  prompts, asked when the own / cross match is shorter than `corpus_below` (2) tokens; its proposal then wins where
+  its expected accepted tokens Σ_j Π c_i beat that match's.
 - `SuffixProposer`: the above for the rows of one RoundScheduler (or shared across schedulers, like GateMemory):
   `propose(key, sequence, cap)` → `SuffixProposal | None`, `observe(proposal, k, accepted)` (a verified suffix
   round), `observe_committed(proposal, committed)` (a greedy round that verified another proposer: the committed
@@ -58,6 +59,8 @@ class SuffixConfig:
     prior_accept: float = 1.0  # Beta prior of every c_j: (accept, reject) pseudo-counts → c = 0.5 before data
     prior_reject: float = 1.0
     horizon: float = 512.0  # a (source, length, depth) cell's counts are halved when they exceed this
+    corpus_below: int = 2  # the corpus is asked only when the own / recent match is shorter than this: a request
+    # repeating ≥ 2 of its own tokens continues as before more often than the corpus guesses (measured, docs/drafter.md)
     max_requests: int = 4096  # own indices kept at once (the oldest goes first: only a scheduler abandoned
     # mid-request leaves one behind, every finished or cancelled request releases its own)
 
@@ -65,10 +68,11 @@ class SuffixConfig:
         if not 1 <= self.min_match <= self.max_match <= 64:
             raise InvalidArgumentError(f"suffix match orders need 1 ≤ min_match ≤ max_match ≤ 64, got "
                                        f"{self.min_match}..{self.max_match}")
-        if self.ring_tokens < 0 or self.max_entries < 0 or self.max_depth < 1 or self.max_requests < 1:
-            raise InvalidArgumentError(f"suffix index bounds must be ≥ 0 (ring_tokens, max_entries), max_depth and "
-                                       f"max_requests ≥ 1, got {self.ring_tokens}, {self.max_entries}, "
-                                       f"{self.max_depth}, {self.max_requests}")
+        if (self.ring_tokens < 0 or self.max_entries < 0 or self.max_depth < 1 or self.max_requests < 1
+                or self.corpus_below < 0):
+            raise InvalidArgumentError(f"suffix index bounds must be ≥ 0 (ring_tokens, max_entries, corpus_below), "
+                                       f"max_depth and max_requests ≥ 1, got {self.ring_tokens}, {self.max_entries}, "
+                                       f"{self.corpus_below}, {self.max_depth}, {self.max_requests}")
         if self.prior_accept <= 0 or self.prior_reject <= 0 or self.horizon < 1:
             raise InvalidArgumentError("suffix confidence priors must be > 0 and horizon ≥ 1")
 
@@ -284,8 +288,9 @@ class SuffixProposer:
 
     def propose(self, key: Hashable, sequence: Sequence[int], cap: int) -> SuffixProposal | None:
         """Up to cap tokens continuing `sequence` (the request's committed tokens, prompt included) from the
-        longest match (own sequence first on equal lengths, then recent outputs) — or from the corpus where its
-        expected accepted tokens under the learned c_j are higher — or None (no match, cap 0)."""
+        longest match (own sequence first on equal lengths, then recent outputs) — or, where that match is shorter
+        than config.corpus_below, from the corpus if its expected accepted tokens under the learned c_j are higher —
+        or None (no match, cap 0)."""
         if cap < 1:
             return None
         idx = self._index(key, sequence)
@@ -299,7 +304,7 @@ class SuffixProposer:
             tokens, n = best
             found = SuffixProposal(tuple(tokens), tuple(self.confidence.conf(source, n, j)
                                                         for j in range(1, len(tokens) + 1)), n, source)
-        if self.corpus is not None:
+        if self.corpus is not None and (found is None or found.match_len < self.config.corpus_below):
             cm = self.corpus.match(idx.tokens, cap)
             if cm is not None:
                 classes = tuple(corpus_class(cm.match_len, sh) for sh in cm.shares)

@@ -111,7 +111,7 @@ def test_records_become_answers_with_the_prompt_tail(tmp_path: Path) -> None:
 
 
 def test_proposer_takes_the_corpus_where_the_request_has_no_match_and_learns_its_classes() -> None:
-    corpus = CorpusIndex(np.array(_flat([[10, 11, 12, 13, 14]] * 5)), 32)
+    corpus = CorpusIndex(np.array(_flat([[10, 11, 12, 13, 14]] * 5 + [[4, 5, 6, 1, 1]] * 3)), 32)
     sp = SuffixProposer(corpus=corpus)
     p = sp.propose("r", [1, 2, 3, 10, 11], 3)
     assert p is not None and p.source == "corpus" and p.tokens == (12, 13, 14) and p.match_len == 2
@@ -119,8 +119,11 @@ def test_proposer_takes_the_corpus_where_the_request_has_no_match_and_learns_its
     sp.observe(p, 3, 1)  # 12 kept, 13 rejected
     key1, key2 = ("corpus", corpus_class(2, 1.0), 1), ("corpus", corpus_class(2, 1.0), 2)
     assert sp.confidence.hits[key1] == 1.0 and sp.confidence.reached[key2] == 1.0 and sp.confidence.hits[key2] == 0.0
-    own = sp.propose("r", [5, 6, 7, 5, 6], 2)  # the request's own repeat: own wins at equal expected tokens
+    sp.observe(sp.propose("q", [4, 5, 6], 2), 2, 2)  # the corpus's (4, 5, 6) → (1, 1) learns c = 2/3 ...
+    own = sp.propose("r", [5, 6, 7, 5, 6], 2)  # ... yet an own match of ≥ corpus_below (2) tokens is not second-guessed
     assert own is not None and own.source == "own" and own.tokens == (7, 5)
+    short = sp.propose("s", [6, 9, 4, 5, 6], 2)  # own match (6) of 1 token: the corpus's (4, 5, 6) wins
+    assert short is not None and short.source == "corpus" and short.tokens == (1, 1) and short.match_len == 3
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
