@@ -269,6 +269,9 @@ def summarize_cell(samples: list[Sample], wall: float, refs: dict[int, list[int]
             "prompt_kinds": {k: sum(jobs[s.job].kind == k for s in samples) for k in ("chat", "code")},
             "tok_s": round(tokens / wall, 2) if wall else 0.0, "req_s": round(len(good) / wall, 3) if wall else 0.0,
             "ttft_ms": {"p50": ms(pct(ttft, 50)), "p99": ms(pct(ttft, 99))},
+            "ttft_ms_by_kind": {k: {"p50": ms(pct(v, 50)), "p99": ms(pct(v, 99))} for k, v in (
+                (kind, [s.t_first - s.t_send for s in good if s.t_first is not None and jobs[s.job].kind == kind])
+                for kind in ("chat", "code")) if v},
             "itl_ms": {"p50": ms(pct(itl, 50)), "p99": ms(pct(itl, 99))},
             "mean_k": round(sum(ks) / len(ks), 3) if ks else 0.0, "rounds": len(ks),
             "tau": round(sum(taus) / len(taus), 3) if taus else 0.0,
