@@ -145,7 +145,7 @@ def corpus_for(spec: Any, embed_weight: torch.Tensor, vocab_size: int) -> Any:
     else:
         path = Path(spec)
         corpus_meta(path)  # exists and is a corpus file (a clear error otherwise)
-    return shared_corpus(str(path), path.stat().st_mtime_ns, int(vocab_size))
+    return shared_corpus(str(path), path.stat().st_mtime_ns, int(vocab_size), str(cache_root()))
 
 
 def load_default_target(dtype: torch.dtype = torch.bfloat16):  # noqa: ANN201 - CausalLM (avoid import cycle)

@@ -55,12 +55,13 @@ def load_backend(cfg: ServeConfig) -> LoadedBackend:
 def load_build_corpus(cfg: ServeConfig, vocab_size: int) -> Any:
     """The build's suffix corpus (BUILD_DIR/corpus.npz, written by `dspark-trt build --corpus`) as a
     spec_decode.corpus.CorpusIndex, or None when the build has none."""
+    from dspark_trt.runtime.default_model import cache_root  # noqa: PLC0415
     from dspark_trt.spec_decode.corpus import load_corpus  # noqa: PLC0415
 
     path = cfg.build / "corpus.npz"
     if not path.is_file():
         return None
-    index = load_corpus(path, vocab_size)
+    index = load_corpus(path, vocab_size, cache=cache_root())
     log.info("suffix corpus %s: %d positions", path, index.size)
     return index
 

@@ -167,3 +167,21 @@ def test_batched_requests_with_a_shared_corpus_each_equal_plain(ref_backend, gre
 
     without, with_corpus = serve(None), serve(corpus)
     assert with_corpus >= without + 15  # the corpus proposes the two answers it holds
+
+
+def test_index_cache_is_reused_memory_mapped_and_rebuilt_when_broken(tmp_path: Path, caplog) -> None:
+    rng = random.Random(5)
+    seqs = [[rng.randrange(0, 9) for _ in range(rng.randrange(1, 30))] for _ in range(40)]
+    path = tmp_path / "c.npz"
+    save_corpus(path, np.array(_flat(seqs), dtype=np.int32), {"vocab_size": 9})
+    cache = tmp_path / "cache"
+    built = load_corpus(path, cache=cache)
+    (parts,) = (cache / "corpus-index").iterdir()
+    mapped = load_corpus(path, cache=cache)
+    assert isinstance(mapped.positions, np.memmap) and not isinstance(built.positions, np.memmap)
+    ctxs = [[rng.randrange(0, 9) for _ in range(rng.randrange(1, 8))] for _ in range(50)]
+    assert [mapped.match(c, 5) for c in ctxs] == [built.match(c, 5) for c in ctxs]
+    (parts / "keys0.npy").write_bytes(b"broken")
+    again = load_corpus(path, cache=cache)  # unreadable parts: a warning, then the index is built afresh
+    assert "unreadable" in caplog.text and [again.match(c, 5) for c in ctxs] == [built.match(c, 5) for c in ctxs]
+    assert isinstance(load_corpus(path, cache=cache).positions, np.memmap)  # ... and kept again
