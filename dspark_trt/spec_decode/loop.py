@@ -31,7 +31,8 @@ from dspark_trt.spec_decode.confidence import survival
 from dspark_trt.spec_decode.costs import NO_PREFILL, RoundLoad
 from dspark_trt.spec_decode.executor import BackendExecutor
 from dspark_trt.spec_decode.limits import check_room, check_token_ids
-from dspark_trt.spec_decode.proposers import DSPARK, NONE, SUFFIX, assemble, skip_drafter, worth_proposing
+from dspark_trt.spec_decode.proposers import (DSPARK, NONE, SUFFIX, assemble, first_token_floor, skip_drafter,
+                                              worth_proposing)
 from dspark_trt.spec_decode.protocols import Backend, DraftOutcome, RoundExecutor, SamplingParams
 from dspark_trt.spec_decode.scheduler import (CostTable, GateMemory, PolicyConfig, PolicyState, observe,
                                               plan_drafting, schedule_batch, verify_cap)
@@ -358,7 +359,8 @@ class RoundScheduler:
             return [None] * len(acts)  # (a batch where even a proposal accepted whole cannot pay: no lookups)
         if self.suffix is None:
             self.suffix = SuffixProposer()
-        return [self.suffix.propose((self._key, a.rid), a.sequence, c) if w else None
+        floor = first_token_floor(len(acts), self.config.cost_table)  # below it no first token is verified
+        return [self.suffix.propose((self._key, a.rid), a.sequence, c, min_first=floor) if w else None
                 for a, c, w in zip(acts, caps, want)]
 
     def _round(self, events: dict[int, RoundEvent], load: RoundLoad = NO_PREFILL) -> None:

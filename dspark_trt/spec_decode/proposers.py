@@ -32,7 +32,8 @@ from dspark_trt.spec_decode.protocols import DraftBlock, SamplingParams
 from dspark_trt.spec_decode.scheduler import CostTable, PolicyConfig, PolicyState, extended_survival
 from dspark_trt.spec_decode.suffix import SuffixProposal
 
-__all__ = ["NONE", "DSPARK", "SUFFIX", "RoundDrafts", "rate", "worth_proposing", "skip_drafter", "assemble"]
+__all__ = ["NONE", "DSPARK", "SUFFIX", "RoundDrafts", "rate", "worth_proposing", "first_token_floor", "skip_drafter",
+           "assemble"]
 
 NONE, DSPARK, SUFFIX = "none", "dspark", "suffix"
 
@@ -55,6 +56,14 @@ def worth_proposing(rows: int, cap: int, table: CostTable) -> bool:
     whole beats leaving the row plain (False from the batch size on where verify tokens are compute-bound, so
     the suffix proposer's lookups are skipped: the round would verify none of its tokens)."""
     return cap > 0 and rate([1.0] * cap, rows, table, min_k=1) > rows / table.step_seconds(rows)
+
+
+def first_token_floor(rows: int, table: CostTable) -> float:
+    """The least acceptance a row's first proposed token needs for the survival rule to verify it in a `rows`-row
+    round: a_1 > rows · (step(rows + 1) / step(rows) − 1) (plan_survival admits a token while the batch's expected
+    tokens per second do not drop, and the batch expects ≥ rows tokens). The suffix proposer skips its corpus lookup
+    where no learned class reaches it (~0.1 ms a row, spent for nothing in a large batch)."""
+    return rows * (table.step_seconds(rows + 1) / table.step_seconds(rows) - 1.0)
 
 
 def _suffix_survival(p: SuffixProposal, cap: int) -> list[float]:

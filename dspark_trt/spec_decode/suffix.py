@@ -208,6 +208,9 @@ class SuffixIndex:
         return None
 
 
+CORPUS_CLASSES = 15  # corpus_class values: 3 match-length classes × 5 share classes
+
+
 def corpus_class(match_len: int, share: float) -> int:
     """The confidence class of a corpus-proposed position: match length (1–2, 3–5, ≥ 6 tokens) × the share of the
     voting occurrences that continue with it (fifths) — both predict acceptance (docs/drafter.md)."""
@@ -222,6 +225,7 @@ class SuffixConfidence:
     config: SuffixConfig
     hits: dict[tuple[str, int, int], float] = field(default_factory=dict)
     reached: dict[tuple[str, int, int], float] = field(default_factory=dict)
+    _first_seen: set[int] = field(default_factory=set)  # corpus classes observed at depth 1
 
     def _key(self, source: str, match_len: int, depth: int) -> tuple[str, int, int]:
         cfg = self.config
@@ -233,11 +237,19 @@ class SuffixConfidence:
         a, b = self.config.prior_accept, self.config.prior_reject
         return (self.hits.get(key, 0.0) + a) / (self.reached.get(key, 0.0) + a + b)
 
+    def best_first(self, source: str = "corpus") -> float:
+        """The highest c_1 of any corpus class (one not seen yet counts at the prior)."""
+        a, b = self.config.prior_accept, self.config.prior_reject
+        seen = [self.conf(source, cls, 1) for cls in self._first_seen]
+        return max(seen + ([a / (a + b)] if len(seen) < CORPUS_CLASSES else []))
+
     def observe(self, source: str, match_len: int | Sequence[int], k: int, accepted: int) -> None:
         """One verified round of k proposed tokens, `accepted` of them kept: positions 1..min(k, accepted + 1) were
         reached; of those 1..accepted were accepted. match_len: the class of every position, or one per position."""
         for j in range(1, min(k, accepted + 1) + 1):
             key = self._key(source, match_len if isinstance(match_len, int) else match_len[j - 1], j)
+            if j == 1 and source == "corpus":
+                self._first_seen.add(key[1])
             r = self.reached.get(key, 0.0) + 1.0
             h = self.hits.get(key, 0.0) + (1.0 if j <= accepted else 0.0)
             if r > self.config.horizon:  # forgetting: the stream's recent rounds dominate
@@ -286,11 +298,13 @@ class SuffixProposer:
             idx.extend(sequence[len(idx):])
         return idx
 
-    def propose(self, key: Hashable, sequence: Sequence[int], cap: int) -> SuffixProposal | None:
+    def propose(self, key: Hashable, sequence: Sequence[int], cap: int,
+                min_first: float = 0.0) -> SuffixProposal | None:
         """Up to cap tokens continuing `sequence` (the request's committed tokens, prompt included) from the
         longest match (own sequence first on equal lengths, then recent outputs) — or, where that match is shorter
         than config.corpus_below, from the corpus if its expected accepted tokens under the learned c_j are higher —
-        or None (no match, cap 0)."""
+        or None (no match, cap 0). min_first: skip the corpus lookup unless some corpus class's learned c_1 exceeds it
+        (spec_decode.proposers.first_token_floor: in a large batch no corpus token would be verified)."""
         if cap < 1:
             return None
         idx = self._index(key, sequence)
@@ -304,7 +318,8 @@ class SuffixProposer:
             tokens, n = best
             found = SuffixProposal(tuple(tokens), tuple(self.confidence.conf(source, n, j)
                                                         for j in range(1, len(tokens) + 1)), n, source)
-        if self.corpus is not None and (found is None or found.match_len < self.config.corpus_below):
+        if (self.corpus is not None and (found is None or found.match_len < self.config.corpus_below)
+                and self.confidence.best_first("corpus") > min_first):
             cm = self.corpus.match(idx.tokens, cap)
             if cm is not None:
                 classes = tuple(corpus_class(cm.match_len, sh) for sh in cm.shares)

@@ -185,3 +185,20 @@ def test_index_cache_is_reused_memory_mapped_and_rebuilt_when_broken(tmp_path: P
     again = load_corpus(path, cache=cache)  # unreadable parts: a warning, then the index is built afresh
     assert "unreadable" in caplog.text and [again.match(c, 5) for c in ctxs] == [built.match(c, 5) for c in ctxs]
     assert isinstance(load_corpus(path, cache=cache).positions, np.memmap)  # ... and kept again
+
+
+def test_no_corpus_lookup_where_no_first_token_would_be_verified() -> None:
+    """In a large batch a verify token costs nearly a whole row's share of the step: below first_token_floor no
+    corpus class's learned c_1 could earn K ≥ 1, so the proposer skips its lookup (~0.1 ms a row)."""
+    from dspark_trt.spec_decode.proposers import first_token_floor
+
+    table = CostTable((1, 8, 16, 32, 64), (1.0, 1.3, 2.0, 3.4, 6.4))  # verify tokens compute-bound from ~16 rows
+    assert first_token_floor(1, table) < 0.1 < first_token_floor(8, table) < 0.6 < first_token_floor(32, table)
+    corpus = CorpusIndex(np.array(_flat([[10, 11, 12, 13]] * 4)), 32)
+    sp = SuffixProposer(corpus=corpus)
+    assert sp.propose("a", [3, 10, 11], 2, min_first=first_token_floor(1, table)).source == "corpus"
+    assert sp.propose("b", [3, 10, 11], 2, min_first=first_token_floor(32, table)) is None  # not looked up
+    for _ in range(30):  # once its class has earned c_1 = 31/32 the lookup pays even there
+        p = sp.propose("c", [3, 10, 11], 2)
+        sp.observe(p, 2, 2)
+    assert sp.propose("d", [3, 10, 11], 2, min_first=first_token_floor(32, table)).source == "corpus"
