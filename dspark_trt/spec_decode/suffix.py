@@ -237,10 +237,12 @@ class SuffixConfidence:
         a, b = self.config.prior_accept, self.config.prior_reject
         return (self.hits.get(key, 0.0) + a) / (self.reached.get(key, 0.0) + a + b)
 
-    def best_first(self, source: str = "corpus") -> float:
-        """The highest c_1 of any corpus class (one not seen yet counts at the prior)."""
+    def best_first(self, source: str = "corpus", min_rounds: float = 8.0) -> float:
+        """The highest c_1 of any corpus class reached in ≥ min_rounds rounds (a class seen fewer times, or not yet,
+        counts at the prior: a lucky streak of three must not unlock lookups in every large batch)."""
         a, b = self.config.prior_accept, self.config.prior_reject
-        seen = [self.conf(source, cls, 1) for cls in self._first_seen]
+        seen = [self.conf(source, cls, 1) for cls in self._first_seen
+                if self.reached.get(self._key(source, cls, 1), 0.0) >= min_rounds]
         return max(seen + ([a / (a + b)] if len(seen) < CORPUS_CLASSES else []))
 
     def observe(self, source: str, match_len: int | Sequence[int], k: int, accepted: int) -> None:
