@@ -10,7 +10,8 @@ Owns (numpy, no torch, no models):
   then votes the continuation over up to `max_votes` of the range's occurrences (evenly spaced): at each depth the
   most frequent next token among the occurrences that agreed so far (ties: the smaller id), its share recorded.
   Memory: N positions (int32) + N × ceil(max_match / tokens per key) keys (uint64) + the tokens (int32) — ~130 MB
-  for the 5.35M-token default corpus at max_match 8; built in a few seconds (a lexsort).
+  for the 5.35M-token default corpus at max_match 8; built in a few seconds (a lexsort), then kept as .npy files in
+  a cache directory and memory-mapped on later loads (`load_corpus(cache=...)`: ~0.1 s, pages shared by processes).
 - `CorpusMatch`: a lookup's answer (tokens, match length, occurrences, shares per depth).
 - the corpus file format (`save_corpus` / `load_corpus`): an .npz with `tokens` (int32, −1 between sequences) and
   `meta` (JSON: vocab size and digest, the target's fingerprint, where the corpus came from), and
