@@ -134,6 +134,16 @@ def _models(args: argparse.Namespace) -> tuple[Any, Any, Any, int | None]:
     return target_dir, draft_dir, load_tokenizer(target_dir), None
 
 
+def _build_corpus(args: argparse.Namespace) -> str | None:
+    """The suffix corpus a build carries (BUILD_DIR/corpus.npz, `dspark-trt build --corpus`), or None."""
+    if args.build_dir:
+        from pathlib import Path
+
+        path = Path(args.build_dir) / "corpus.npz"
+        return str(path) if path.is_file() else None
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     _check(args)
     if args.url:
@@ -157,7 +167,8 @@ def run(args: argparse.Namespace) -> int:
         max_length=len(ids) + args.max_new_tokens + 1, draft_length=gamma, temperature=args.temperature,
         top_p=args.top_p, policy=args.policy, dtype=getattr(torch, args.dtype), seed=args.seed,
         confidence_threshold=args.draft_stop or None, min_k=min(args.min_k, gamma),
-        max_k=args.max_k if args.max_k is not None else gamma, proposers=args.proposers)
+        max_k=args.max_k if args.max_k is not None else gamma, proposers=args.proposers,
+        corpus=_build_corpus(args) or "auto")
     if args.policy == "fixed":
         engine.with_policy(k=min(args.k, gamma))
     sp = SamplingParams(args.temperature, args.top_p if args.temperature > 0 else 1.0, args.seed)
@@ -170,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
         from dspark_trt.runtime import native
 
         stats["kernel_engine"] = native.engine()
+        stats["suffix_corpus_positions"] = engine.corpus.size if engine.corpus is not None else 0
         print(json.dumps({"text": text, "token_ids": res.tokens, "finish_reason": res.finish_reason, "stats": stats}))
     else:
         print(text)
