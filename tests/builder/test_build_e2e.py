@@ -142,7 +142,7 @@ def test_dspark_drafter_build(builds, tiny_dspark: Path) -> None:  # noqa: ANN00
         assert got == plain_greedy(pair.target, ids, NEW, set(eos)), prompt
 
 
-def test_build_puts_the_suffix_corpus_in_the_build(builds, tiny_pair, tmp_path: Path) -> None:  # noqa: ANN001
+def test_build_puts_the_suffix_corpus_in_the_build(builds, tiny_pair, tmp_path: Path, capsys) -> None:  # noqa: ANN001
     """--corpus FILE: the corpus (of this target's vocabulary) lands in the build and the server's loader reads it;
     --corpus auto on a target that is not the embedded default, or none: no corpus; another vocabulary: a clear
     error before anything is written."""
@@ -163,6 +163,12 @@ def test_build_puts_the_suffix_corpus_in_the_build(builds, tiny_pair, tmp_path: 
     assert m["stages"]["export"]["outputs"]["corpus"]["positions"] == 7
     index = load_build_corpus(SimpleNamespace(build=out), vocab)
     assert index is not None and index.match([1, 5, 6], 2).tokens in ((7, 8), (9,))
+    from dspark_trt.cli import main
+
+    capsys.readouterr()
+    assert main(["generate", "--build-dir", str(out), "--prompt", "class A:", "--max-new-tokens", "4", "--json",
+                 "--policy", "survival", "--proposers", "suffix"]) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["suffix_corpus_positions"] == 7  # the build's own corpus
     plain = builds.get("none32", **MODES["none32"])  # --corpus auto (the default): the tiny target is not the default
     assert not (plain / "corpus.npz").exists() and load_build_corpus(SimpleNamespace(build=plain), vocab) is None
     bad = tmp_path / "bad.npz"
