@@ -35,6 +35,7 @@ class RoundRecord:
     fallback: bool = False  # the drafter failed; the round ran as plain decoding (or on the suffix proposal)
     proposer: str = "dspark"  # who proposed the verified tokens: "dspark" | "suffix" | "none" (k = 0)
     offered: tuple[tuple[str, int], ...] = ()  # (proposer, tokens it proposed this round) for each that proposed
+    source: str = ""  # a suffix round's source: "own" | "cross" | "corpus" (spec_decode.suffix); "" otherwise
 
     def as_dict(self) -> dict[str, float | int | str | None]:
         conf = round(self.conf, 4) if math.isfinite(self.conf) else None
@@ -109,6 +110,8 @@ class SpecStats:
     keep_rounds: bool = True  # False for long-lived aggregates (servers): counters only, no per-round log
     by_proposer: dict[str, ProposerStats] = field(default_factory=dict)  # rounds with k ≥ 1, by RoundRecord.proposer;
     # a proposer that only offered tokens (never chosen) has an entry with rounds 0
+    suffix_sources: dict[str, list[int]] = field(default_factory=dict)  # suffix rounds with k ≥ 1 by source:
+    # [rounds, accepted tokens]
 
     def record_round(self, rec: RoundRecord, drafted: bool, proposed: int) -> None:
         if self.keep_rounds:
@@ -116,6 +119,10 @@ class SpecStats:
         _count_positions(self.pos_verified, self.pos_accepted, rec.k, rec.accepted)
         if rec.k > 0:
             self.by_proposer.setdefault(rec.proposer, ProposerStats()).count(rec.k, rec.accepted)
+            if rec.source:
+                acc = self.suffix_sources.setdefault(rec.source, [0, 0])
+                acc[0] += 1
+                acc[1] += rec.accepted
         for name, n in rec.offered:
             if n > 0:
                 self.by_proposer.setdefault(name, ProposerStats()).proposed_tokens += n
@@ -157,6 +164,10 @@ class SpecStats:
             _add_positions(out.pos_verified, out.pos_accepted, s.pos_verified, s.pos_accepted)
             for name, ps in s.by_proposer.items():
                 out.by_proposer.setdefault(name, ProposerStats()).add(ps)
+            for src, (r, a) in s.suffix_sources.items():
+                acc = out.suffix_sources.setdefault(src, [0, 0])
+                acc[0] += r
+                acc[1] += a
             for name in ("prefill_calls", "verify_calls", "draft_calls", "drafted_tokens", "proposed_tokens",
                          "accepted_tokens", "committed_tokens", "draft_failures"):
                 setattr(out, name, getattr(out, name) + getattr(s, name))
@@ -174,6 +185,9 @@ class SpecStats:
             "draft_failures": self.draft_failures,
             "proposers": {name: ps.summary() for name, ps in sorted(self.by_proposer.items())},
         }
+        if self.suffix_sources:  # where the verified suffix proposals came from: own tokens, recent outputs, corpus
+            out["suffix_sources"] = {src: {"rounds": r, "accepted_tokens": a}
+                                     for src, (r, a) in sorted(self.suffix_sources.items())}
         if with_rounds:
             out["rounds"] = [r.as_dict() for r in self.rounds]
         return out

@@ -163,6 +163,9 @@ def test_batched_requests_with_a_shared_corpus_each_equal_plain(ref_backend, gre
         for rid, i in ids.items():
             assert out[rid] == greedy_oracle(target, prompts[i], 20)
         stats = sched.totals.by_proposer.get("suffix")
+        sources = sched.totals.summary().get("suffix_sources", {})
+        assert sum(v["accepted_tokens"] for v in sources.values()) == (0 if stats is None else stats.accepted_tokens)
+        assert ("corpus" in sources) == (index is not None)
         return 0 if stats is None else stats.accepted_tokens
 
     without, with_corpus = serve(None), serve(corpus)
