@@ -107,7 +107,9 @@ def write_report(args: argparse.Namespace, results: dict[str, Any], gamma: int, 
         for prop, ps in sorted(s.by_proposer.items()):
             pos = " ".join(f"{a / v:.2f}" for a, v in list(zip(ps.pos_accepted, ps.pos_verified))[:gamma])
             share = ps.accepted_tokens / max(s.committed_tokens, 1)
-            per_proposer.append(f"| {name} | {prop} | {ps.rounds} | {ps.accepted_tokens} ({share:.0%}) | "
+            label = prop if prop != "suffix" or not s.suffix_sources else prop + " (" + ", ".join(
+                f"{src} {a}" for src, (_, a) in sorted(s.suffix_sources.items())) + ")"  # accepted tokens by source
+            per_proposer.append(f"| {name} | {label} | {ps.rounds} | {ps.accepted_tokens} ({share:.0%}) | "
                                 f"{ps.accepted_tokens / max(ps.drafted_tokens, 1):.2f} | {pos} |")
         if name != "ours plain":
             taus = [_merged([st for st, k in zip(res.stats, res.kinds) if k == kind]).tau for kind in kinds]
@@ -118,7 +120,8 @@ def write_report(args: argparse.Namespace, results: dict[str, Any], gamma: int, 
         lines += per_pos
     if per_proposer:
         lines += ["", "By proposer (rounds it supplied the verified tokens; accepted tokens and their share of all "
-                  "generated tokens; α; α per position j):", "",
+                  "generated tokens; α; α per position j; the suffix proposer's accepted tokens by where its match "
+                  "was found: own tokens, recent outputs, corpus):", "",
                   "| engine | proposer | rounds | accepted tokens | α | α_j |", "|---|---|---|---|---|---|"]
         lines += per_proposer
     if per_kind and kinds:
