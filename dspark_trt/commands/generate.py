@@ -33,6 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128, help="tokens to generate at most (default 128)")
     p.add_argument("--policy", type=resolve_policy_alias, choices=POLICIES, default=_POL.policy,
                    help=f"K policy (default {_POL.policy}; \"seed\" = confidence)")
+    p.add_argument("--corpus", default=None, metavar="auto|none|FILE",
+                   help="the suffix proposer's corpus of the target's own outputs (in process; default: the build's "
+                        "corpus.npz with --build-dir, else auto = the shipped one for the embedded default target)")
     p.add_argument("--proposers", type=parse_proposers, default=None,
                    help="who proposes drafts: dspark (the drafter's block), suffix (a match of the last "
                         "tokens in the prompt + output: needs no drafter) or dspark,suffix (chosen per round by "
@@ -168,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
         top_p=args.top_p, policy=args.policy, dtype=getattr(torch, args.dtype), seed=args.seed,
         confidence_threshold=args.draft_stop or None, min_k=min(args.min_k, gamma),
         max_k=args.max_k if args.max_k is not None else gamma, proposers=args.proposers,
-        corpus=_build_corpus(args) or "auto")
+        corpus=getattr(args, "corpus", None) or _build_corpus(args) or "auto")
     if args.policy == "fixed":
         engine.with_policy(k=min(args.k, gamma))
     sp = SamplingParams(args.temperature, args.top_p if args.temperature > 0 else 1.0, args.seed)

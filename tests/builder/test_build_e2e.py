@@ -169,6 +169,9 @@ def test_build_puts_the_suffix_corpus_in_the_build(builds, tiny_pair, tmp_path: 
     assert main(["generate", "--build-dir", str(out), "--prompt", "class A:", "--max-new-tokens", "4", "--json",
                  "--policy", "survival", "--proposers", "suffix"]) == 0
     assert json.loads(capsys.readouterr().out)["stats"]["suffix_corpus_positions"] == 7  # the build's own corpus
+    assert main(["generate", "--build-dir", str(out), "--prompt", "class A:", "--max-new-tokens", "4", "--json",
+                 "--policy", "survival", "--proposers", "suffix", "--corpus", "none"]) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["suffix_corpus_positions"] == 0  # --corpus none wins
     plain = builds.get("none32", **MODES["none32"])  # --corpus auto (the default): the tiny target is not the default
     assert not (plain / "corpus.npz").exists() and load_build_corpus(SimpleNamespace(build=plain), vocab) is None
     bad = tmp_path / "bad.npz"
