@@ -196,7 +196,7 @@ class BuildPipeline:
     def _corpus(self, target: Any) -> dict[str, Any] | None:
         """Copy the suffix corpus (spec_decode.corpus) into the build as corpus.npz (--corpus: auto / none / FILE)
         → its meta, or None (no corpus: the served suffix proposer uses the request's tokens and recent outputs)."""
-        from dspark_trt.runtime.default_model import corpus_for
+        from dspark_trt.runtime.default_model import corpus_for, default_corpus_file
         from dspark_trt.spec_decode.corpus import corpus_meta
 
         dest = self.out / "corpus.npz"
@@ -205,8 +205,6 @@ class BuildPipeline:
         index = corpus_for(self.opts.corpus, emb, int(emb.shape[0]))
         if index is None:
             return None
-        from dspark_trt.runtime.default_model import default_corpus_file
-
         src = default_corpus_file() if self.opts.corpus == "auto" else Path(self.opts.corpus)
         shutil.copy2(src, dest)
         meta = corpus_meta(dest)

@@ -399,11 +399,12 @@ class RoundScheduler:
                         model=models.get(i))
             before = len(act.tokens)
             done = self._emit(events, act, out.committed[i])
+            chosen = sfx[i] if src == SUFFIX else None  # the suffix proposal verified this round, if any
             offered = tuple((name, n) for name, n in ((DSPARK, proposed[i]),
                                                       (SUFFIX, len(sfx[i].tokens) if sfx[i] is not None else 0)) if n)
             rec = RoundRecord(ks[i], n_acc, c, len(act.tokens) - before, fallback=asked[i] and proposed[i] == 0,
                               proposer=src, offered=offered,
-                              source=sfx[i].source if src == SUFFIX and sfx[i] is not None else "")  # type: ignore[union-attr]
+                              source=chosen.source if chosen is not None else "")
             act.stats.record_round(rec, drafted=proposed[i] > 0, proposed=proposed[i])
             log.debug("req %d: %s k=%d accepted=%d committed=%d conf=%.3f next_k=%d", act.rid, src, ks[i], n_acc,
                       len(out.committed[i]), c, act.state.k)

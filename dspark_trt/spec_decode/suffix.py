@@ -96,10 +96,6 @@ class SuffixProposal:
     source: str  # "own" (the request's prompt + output) | "cross" (recent outputs of other requests) | "corpus"
     classes: tuple[int, ...] = ()  # [m] the confidence class of each position (SuffixConfidence); () = match_len
 
-    def class_at(self, depth: int) -> int:
-        """The confidence class of proposed position `depth` (1-based)."""
-        return self.classes[depth - 1] if self.classes else self.match_len
-
 
 def _continue(seq: Sequence[int], end: int, cap: int) -> list[int]:
     """The cap tokens after seq[:end]; past the end of seq the proposal continues itself (a repeat with period
