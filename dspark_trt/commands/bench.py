@@ -5,7 +5,7 @@ drafter too) vs ours plain vs Hugging Face generate, side by side, in one run.
 Owns the benchmark protocol: the same prompts and token ids for every engine (default: the held-out prompts
 of dspark_trt.train.prompts, never used in training; `--prompt-set` names the packaged sets of
 dspark_trt/assets/prompts (code-edit, text, all); or `--prompts FILE`, JSONL of {"prompt", "chat", "kind"}),
-greedy, EOS ignored so every run decodes the same number of tokens; decode tok/s excludes prompt processing
+greedy (or sampled with `--temperature`, prompt i seeded `--seed` + i for every engine), EOS ignored so every run decodes the same number of tokens; decode tok/s excludes prompt processing
 (time of a 1-token run of the same prompt is subtracted); engines are interleaved per prompt and the median
 over prompts × repeats is reported; speculative output is checked token for token against ours plain; one
 measured cost table (verify by tokens + drafter pass) is shared by every policy. The suffix proposer's
@@ -85,6 +85,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", type=Path, default=None, help="target HF dir (default: embedded SmolLM2-135M)")
     p.add_argument("--draft", type=Path, default=None, help="draft dir (default: the shipped DSpark drafter)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=D.dtype)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sample at this temperature (default 0: greedy); prompt i is seeded --seed + i, the same "
+                        "for every engine, and the HF row is skipped")
+    p.add_argument("--seed", type=int, default=1, help="first prompt's sampling seed (with --temperature)")
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face generate baseline")
     p.add_argument("--threads", type=int, default=D.threads, help="torch CPU threads (0 = torch's default)")
     p.add_argument("--note", action="append", default=[], help="a line added to the report's notes (repeatable)")
@@ -179,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
     from dspark_trt.runtime.hf_loader import load_tokenizer
     from dspark_trt.runtime.profile import profile_costs
     from dspark_trt.spec_decode.protocols import SamplingParams
+    from dspark_trt.spec_decode.sampling import check_sampling
     from dspark_trt.spec_decode.scheduler import POLICIES
 
     policies = [resolve_policy_alias(p) for p in args.policies.split(",") if p]
@@ -209,7 +214,8 @@ def run(args: argparse.Namespace) -> int:
                                                                add_generation_prompt=True, tokenize=False)
                                        if p.chat and chat else p.text)] for p in prompts]
     max_len = max(len(i) for i in ids) + args.max_new_tokens + 2
-    greedy = SamplingParams()
+    check_sampling(args.temperature, 1.0, args.seed, names={"temperature": "--temperature", "seed": "--seed"})
+    sampled = args.temperature > 0
     table = profile_costs(build_backend(target, drafter, 2, max_len + gamma + 2), gamma + 1, reps=5)
     engines: dict[str, Any] = {"ours plain": SpeculativeDecodingEngine(target, None, tok, max_len, gamma,
                                                                        policy="plain")}
@@ -236,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
                                                                 policy="survival", cost_table=table,
                                                                 proposers="dspark,suffix", corpus=corpus)
     hf = None
-    if not args.no_hf:
+    if not args.no_hf and not sampled:
         from transformers import AutoModelForCausalLM
 
         hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.bfloat16).eval()
@@ -253,12 +259,13 @@ def run(args: argparse.Namespace) -> int:
             names = list(engines)
             shift = (pi + rep * len(ids)) % len(names)
             tokens: dict[str, list[int]] = {}
+            sp = SamplingParams(temperature=args.temperature, seed=args.seed + pi) if sampled else SamplingParams()
             for name in names[shift:] + names[:shift]:
                 eng = engines[name]
                 eng.eos_ids = ()  # EOS ignored: every run decodes exactly n tokens
                 eng.suffix.forget_outputs()  # no run copies an earlier run's output of the same prompt
-                ttft, _ = _timed(lambda: eng.run(prompt, 1, greedy))
-                wall, res = _timed(lambda: eng.run(prompt, n, greedy))
+                ttft, _ = _timed(lambda: eng.run(prompt, 1, sp))
+                wall, res = _timed(lambda: eng.run(prompt, n, sp))
                 r = results[name]
                 r.rates.append((n - 1) / max(wall - ttft, 1e-9))
                 r.stats.append(res.stats)

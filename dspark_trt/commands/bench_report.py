@@ -35,6 +35,22 @@ def machine_stamp() -> dict[str, Any]:
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
 
 
+def _temperature(args: argparse.Namespace) -> float:
+    return float(getattr(args, "temperature", 0.0) or 0.0)
+
+
+def _sampling_label(args: argparse.Namespace) -> str:
+    t = _temperature(args)
+    return (f"sampled at temperature {t:g} (prompt i seeded {args.seed} + i, the same seed for every engine: a suffix "
+            f"round commits plain sampling's tokens, a DSpark round keeps the distribution, not the seed's tokens)"
+            if t > 0 else "greedy")
+
+
+def _sampling_flags(args: argparse.Namespace) -> str:
+    t = _temperature(args)
+    return f" --temperature {t:g} --seed {args.seed}" if t > 0 else ""
+
+
 def _corpus_label(spec: str) -> str:
     if spec == "none":
         return "none (the request's own tokens only)"
@@ -66,7 +82,7 @@ def write_report(args: argparse.Namespace, results: dict[str, Any], gamma: int, 
         f"torch {stamp['torch']}, commit {stamp['commit']}, {stamp['date']}. Kernel engine: **{stamp['engine']}** "
         f"(CPU flags: {stamp['flags']}).", "",
         f"Target: {args.target or 'embedded SmolLM2-135M-Instruct'} ({args.dtype}); drafter: {draft_dir.name} "
-        f"(γ = {gamma}). {n_prompts} prompts ({args.prompts or _set_label(args)}), greedy, "
+        f"(γ = {gamma}). {n_prompts} prompts ({args.prompts or _set_label(args)}), {_sampling_label(args)}, "
         f"EOS ignored, {args.max_new_tokens} new tokens per run, {args.repeats} interleaved round(s). Decode tok/s "
         f"excludes prompt processing (a 1-token run of the same prompt is subtracted); median over prompts × rounds. "
         f"Command: `dspark-trt bench --max-new-tokens {args.max_new_tokens} --repeats {args.repeats} --threads "
@@ -75,10 +91,11 @@ def write_report(args: argparse.Namespace, results: dict[str, Any], gamma: int, 
         f"{' --no-hf' if getattr(args, 'no_hf', False) else ''}"
         f"{' --prompt-set ' + args.prompt_set if getattr(args, 'prompt_set', 'held-out') != 'held-out' else ''}"
         f"{' --max-prompts ' + str(args.max_prompts) if getattr(args, 'max_prompts', 0) else ''}"
-        f"{' --corpus ' + str(args.corpus) if getattr(args, 'corpus', 'auto') != 'auto' else ''}`. Suffix corpus "
+        f"{' --corpus ' + str(args.corpus) if getattr(args, 'corpus', 'auto') != 'auto' else ''}"
+        f"{_sampling_flags(args)}`. Suffix corpus "
         f"(the suffix rows): {_corpus_label(getattr(args, 'corpus', 'auto'))}.", "",
         "| engine | decode tok/s | vs ours plain | vs HF bf16 | τ | acceptance α | drafted rounds | "
-        "first-token reject | output = plain greedy |",
+        f"first-token reject | output = {'plain sampling (same seed)' if _temperature(args) > 0 else 'plain greedy'} |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     per_pos: list[str] = []
@@ -94,7 +111,8 @@ def write_report(args: argparse.Namespace, results: dict[str, Any], gamma: int, 
             continue
         s = _merged(res.stats)
         same = "reference" if name == "ours plain" else (
-            "yes" if res.mismatches == 0 else f"NO ({res.mismatches} runs differ)")
+            "yes" if res.mismatches == 0 else f"other draws in {res.mismatches} runs" if _temperature(args) > 0
+            else f"NO ({res.mismatches} runs differ)")
         rounds = max(s.verify_calls, 1)
         alpha, ftr = ((f"{s.acceptance_rate:.2f}", f"{s.first_token_rejection_rate:.2f}") if s.drafted_tokens
                       else ("–", "–"))

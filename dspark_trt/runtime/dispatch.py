@@ -108,7 +108,8 @@ def accept(
 
     Greedy when every request is greedy. Sampled batches need `positions` (= committed length incl. prompt,
     the absolute position of d_1). Kernels on CUDA; the torch reference on CPU, and on CUDA for top_p < 1
-    (nucleus filtering is not fused)."""
+    (nucleus filtering is not fused) or a sampled row with a deterministic proposal (the coupled rule of
+    `sample_accept` is not fused)."""
     _check_accept_args(logits, draft, k, q, len(sampling))
     greedy = all(s.greedy for s in sampling)
     if not greedy and positions is None:
@@ -116,7 +117,8 @@ def accept(
             "accept: sampled requests need positions [B] (absolute position of d_1 = committed length incl. "
             "the prompt) for the counter-based RNG; pass positions=...")
     dev = logits.device
-    fused = use_kernels(logits) and (greedy or all(s.top_p >= 1.0 for s in sampling))
+    fused = use_kernels(logits) and (greedy or (all(s.top_p >= 1.0 for s in sampling)
+                                                and not _coupled_sampled_rows(q, draft, k, sampling)))
     if fused:
         from dspark_trt.kernels import api  # local import: keeps triton out of CPU-only imports
 
@@ -139,6 +141,13 @@ def accept(
         res = ref.sample_accept(logits.to(cpu), draft.to(cpu), _on(q, cpu), k.to(cpu), temperature, top_p, seeds,
                                 positions.to(cpu))
     return res if dev == cpu else _result_to(res, dev)
+
+
+def _coupled_sampled_rows(q: torch.Tensor | None, draft: torch.Tensor, k: torch.Tensor,
+                          sampling: Sequence[SamplingParams]) -> bool:
+    """Whether a sampled row has a deterministic proposal (spec_decode.accept.deterministic_rows)."""
+    sampled = torch.tensor([not s.greedy for s in sampling], device=draft.device)
+    return bool((_spec_accept().deterministic_rows(q, draft, k) & sampled).any())
 
 
 def _native_greedy_accept(logits: torch.Tensor, draft: torch.Tensor, k: torch.Tensor) -> Any:

@@ -140,14 +140,14 @@ def policy_config(params: GenerationParams, proposers: tuple[str, ...] | None = 
     if params.proposers:
         proposers = params.proposers
     elif proposers is None:
-        proposers = default_proposers(params.temperature == 0)
+        proposers = default_proposers(params.temperature, params.seed)
     return PolicyConfig(policy=params.policy, k=params.max_k, min_k=params.min_k, max_k=params.max_k,
                         proposers=proposers)
 
 
 def proposers_from_env() -> tuple[str, ...] | None:
     """The server's proposers from DSPARK_PROPOSERS (unset: None, each request gets
-    spec_decode.policies.default_proposers: both when greedy); InvalidArgumentError naming the valid names for
+    spec_decode.policies.default_proposers); InvalidArgumentError naming the valid names for
     another value (the stub then fails to load, with that message in the server log)."""
     raw = os.environ.get(PROPOSERS_ENV, "").strip()
     if not raw:

@@ -25,7 +25,8 @@ import torch
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode import rng
 
-__all__ = ["AcceptResult", "exponential_race", "greedy_accept", "greedy_chain", "sample_accept", "target_probs", "top_signals"]
+__all__ = ["AcceptResult", "deterministic_rows", "exponential_race", "greedy_accept", "greedy_chain", "sample_accept",
+           "target_probs", "top_signals"]
 
 _U_OFFSET = 2.0 ** -25  # keeps exponential-race uniforms strictly inside (0, 1)
 
@@ -186,6 +187,11 @@ def sample_accept(
          or exponential_race(p_j, ...) if that residual is all zero (only possible when p_j == q_j).
       3. all k accepted: bonus = exponential_race(p_{k+1}, seed, positions + k) from logits position k.
     So the committed token at absolute position P always uses the STREAM_RESAMPLE uniforms keyed (seed, P).
+    Rows with a deterministic proposal (`deterministic_rows`: q_j(d_j) = 1 at every verified j — a suffix match's
+    one-hot q) take the coupled form of the same rule instead: d_j is accepted iff the target's own sample at its
+    position, exponential_race(p_j, seed, pos_j), is d_j, and the committed token is that sample. It is exact
+    rejection sampling (acceptance p_j(d_j) = min(1, p/q); a rejection commits the race's winner, which, given it is
+    not d_j, is distributed as the residual) and commits, token for token, what plain sampling with this seed commits.
     Greedy rows (temperature ≤ 0) use greedy_accept semantics and ignore q. top1/margin come from p (the serving
     distribution) for sampled rows and from softmax(logits) for greedy rows; 0 past k."""
     b, kmax, v = _check(logits, draft, k)
@@ -221,6 +227,11 @@ def sample_accept(
     empty = residual.sum(dim=-1) <= 0
     weights = torch.where((rejected & ~empty).unsqueeze(1), residual, p_at)  # [B, V]
     sampled = exponential_race(weights, seeds, positions + accepted)  # [B]
+    coupled = deterministic_rows(q, d, k) & ~greedy_rows  # [B]
+    if bool(coupled.any()):
+        acc_c, next_c = _coupled_accept(p, d, k, seeds, positions, coupled.nonzero()[:, 0])
+        accepted, sampled = accepted.clone(), sampled.clone()
+        accepted[coupled], sampled[coupled] = acc_c, next_c
     top1_s, margin_s = top_signals(p, _valid(k, kmax + 1))
     g = greedy_rows
     return AcceptResult(
@@ -229,3 +240,37 @@ def sample_accept(
         top1=torch.where(g.unsqueeze(1), res.top1, top1_s),
         margin=torch.where(g.unsqueeze(1), res.margin, margin_s),
     )
+
+
+def deterministic_rows(q: torch.Tensor | None, draft: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """[B] bool: rows whose proposal is deterministic — q_j(d_j) = 1 at every verified position j < k (a one-hot q,
+    as the suffix proposer's; a row with k = 0 counts). sample_accept verifies them coupled to the target's sampler.
+    q [B, K, V] | None (None: no row), draft [B, K] long, k [B]."""
+    b, kmax = draft.shape
+    if q is None:
+        return torch.zeros(b, dtype=torch.bool, device=draft.device)
+    q_d = q.float().gather(2, draft.to(torch.long).unsqueeze(2)).squeeze(2)  # [B, K]
+    j = torch.arange(kmax, device=draft.device).unsqueeze(0)  # [1, K]
+    return ((q_d == 1.0) | (j >= k.to(draft.device).unsqueeze(1))).all(dim=1)
+
+
+def _coupled_accept(p: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, seeds: torch.Tensor,
+                    positions: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The coupled rule for `rows` [R] (sample_accept): position by position, the target's own sample
+    exponential_race(p_j, seed, pos_j); d_j accepted while it equals it; the first sample that does not (or the one
+    after d_k) is committed. p [B, K+1, V] serving distributions, draft [B, K] → (accepted [R], next_token [R]);
+    one race per committed token, as plain sampling draws."""
+    kmax = draft.shape[1]
+    acc = torch.zeros(len(rows), dtype=torch.long)
+    nxt = torch.zeros(len(rows), dtype=torch.long)
+    live = torch.arange(len(rows))  # indices into rows still accepting
+    for j in range(kmax + 1):
+        if not len(live):
+            break
+        r = rows[live]
+        won = exponential_race(p[r, j], seeds[r], positions[r] + j)  # [L] the target's sample at pos_j
+        hit = (j < k[r]) & (won == draft[r, min(j, kmax - 1)]) if j < kmax else torch.zeros_like(won, dtype=torch.bool)
+        acc[live[hit]] += 1
+        nxt[live[~hit]] = won[~hit]
+        live = live[hit]
+    return acc, nxt

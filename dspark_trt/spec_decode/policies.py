@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dspark_trt.errors import InvalidArgumentError
 
-__all__ = ["DEFAULT_PROPOSERS", "default_proposers", "POLICIES", "POLICY_ALIASES", "PROPOSERS", "resolve_policy_alias",
-           "canonical_policy", "parse_proposers"]
+__all__ = ["DEFAULT_PROPOSERS", "SEEDED_PROPOSERS", "default_proposers", "POLICIES", "POLICY_ALIASES", "PROPOSERS",
+           "resolve_policy_alias", "canonical_policy", "parse_proposers"]
 
 POLICIES: tuple[str, ...] = ("plain", "fixed", "confidence", "survival")
 POLICY_ALIASES: dict[str, str] = {"seed": "confidence"}
@@ -28,17 +28,21 @@ def canonical_policy(name: str) -> str:
     return policy
 
 PROPOSERS: tuple[str, ...] = ("dspark", "suffix")  # who may propose a request's draft tokens (spec_decode.proposers)
-# The product's default for greedy requests: both, chosen per row and round by expected committed tokens against
-# the cost (quiet dspark-trt bench, Sapphire Rapids, 30 prompts: amx hybrid 1.31× plain vs DSpark alone 1.04×; avx2
-# engine 1.12× vs 0.97×; output = plain greedy in every row). A request or server may name either alone.
+# The product's default for greedy requests and unseeded sampled ones: both, chosen per row and round by expected
+# committed tokens against the cost (quiet dspark-trt bench, Sapphire Rapids, 30 prompts: amx hybrid 1.31× plain vs
+# DSpark alone 1.04×; avx2 engine 1.12× vs 0.97×; output = plain greedy in every row). A request or server may name
+# either alone.
 DEFAULT_PROPOSERS: tuple[str, ...] = ("dspark", "suffix")
+SEEDED_PROPOSERS: tuple[str, ...] = ("suffix",)  # the default of a sampled request that names its seed
 
 
-def default_proposers(greedy: bool) -> tuple[str, ...]:
-    """The proposers of a request that names none: both for greedy requests; the DSpark block alone for sampled ones
-    — the suffix match draws on earlier requests' outputs (and confidences learned from them), so a seeded sampled
-    answer would depend on what the server served before (still exactly distributed, but not reproducible alone)."""
-    return DEFAULT_PROPOSERS if greedy else ("dspark",)
+def default_proposers(temperature: float = 0.0, seed: int | None = None) -> tuple[str, ...]:
+    """The proposers of a request that names none: both for greedy requests and for sampled ones without a seed; the
+    suffix match alone for a sampled request with a seed. A sampled row's suffix proposal is verified coupled to the
+    target's own sampler (spec_decode.accept.sample_accept), so such a request commits, token for token, what plain
+    sampling with its seed commits — at any load, whatever the suffix match drew on; a DSpark round keeps the target's
+    distribution but commits other tokens than that seed's plain sample (its draws are the drafter's)."""
+    return SEEDED_PROPOSERS if temperature > 0 and seed is not None else DEFAULT_PROPOSERS
 
 
 def parse_proposers(spec: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:

@@ -170,6 +170,31 @@ def test_seeded_sampling_plain_equals_in_process(server, reference, protocol: st
     assert out["token_ids"] == want
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_seeded_sampled_request_gets_the_suffix_match_and_plain_samplings_tokens(server, reference,
+                                                                                protocol: str) -> None:
+    """A sampled request with a seed that names no proposers gets the suffix match alone, whose rounds are verified
+    coupled to the target's sampler: the served answer equals in-process plain sampling with that seed, token for
+    token, while the match's proposals were verified and some kept."""
+    from dspark_trt.spec_decode.loop import LoopConfig, generate
+    from dspark_trt.spec_decode.protocols import SamplingParams
+    from dspark_trt.spec_decode.scheduler import PolicyConfig
+
+    from .conftest import GAMMA
+
+    prompt, n = "a b c d e a b c d e a b c d e a b c d e a b", 32
+    want = generate(reference.backend, reference.ids(prompt), max_new_tokens=n,
+                    sampling=SamplingParams(0.1, 1.0, 21), policy=PolicyConfig(policy="plain", min_k=0),
+                    eos_ids=reference.eos, config=LoopConfig(gamma=GAMMA)).tokens
+    url = server.http_url if protocol == "http" else server.grpc_url
+    out = generate_remote(url, prompt, max_tokens=n, protocol=protocol, temperature=0.1, seed=21, policy="fixed",
+                          max_k=3)
+    assert out["token_ids"] == want
+    st = out["stats"]
+    assert st["proposers_allowed"] == ["suffix"] and st["draft_calls"] == 0
+    assert st["proposers"]["suffix"]["drafted_tokens"] > 0 and st["proposers"]["suffix"]["accepted_tokens"] > 0
+
+
 def _infer_inputs(module, prompt: str, n: int) -> list:  # noqa: ANN001 - tritonclient.http or .grpc
     import numpy as np
 
@@ -220,7 +245,7 @@ def test_seeded_sampling_reproducible_on_long_running_server(server) -> None:
 
     prompt, n = "import os\nimport sys", 40
     kw = dict(max_tokens=n, protocol="grpc", stream=True, policy="fixed", max_k=3, temperature=0.9, top_p=0.95,
-              seed=1234)
+              seed=1234, proposers="dspark")  # the drafter's own draws (a seeded request's default is the suffix)
     first = generate_remote(server.grpc_url, prompt, **kw)["token_ids"]
     assert len(first) > 1
     generate_remote(server.http_url, "class Queue:", max_tokens=17, policy="confidence")

@@ -8,7 +8,8 @@ from scipy import stats as sstats
 
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode import rng
-from dspark_trt.spec_decode.accept import exponential_race, greedy_accept, sample_accept, target_probs
+from dspark_trt.spec_decode.accept import (deterministic_rows, exponential_race, greedy_accept, sample_accept,
+                                          target_probs)
 
 
 def _chi_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
@@ -187,3 +188,58 @@ def test_sampling_with_top_p_never_commits_filtered_tokens() -> None:
                         torch.arange(n), torch.zeros(n, dtype=torch.long))
     first = torch.where(res.accepted > 0, draft[:, 0], res.next_token)
     assert set(first.tolist()) <= {1, 2}
+
+
+def _one_hot(draft: torch.Tensor, v: int) -> torch.Tensor:
+    return torch.nn.functional.one_hot(draft, v).to(torch.float32)  # [B, K, V]
+
+
+def test_deterministic_rows_are_the_one_hot_q_rows_over_their_verified_positions() -> None:
+    draft = torch.tensor([[1, 2, 3], [1, 2, 3], [1, 2, 3]])
+    q = _one_hot(draft, 5)
+    q[1, 2] = 0.2  # row 1: position 3 not one-hot ...
+    q[2, 0] = 0.2  # row 2: position 1 not one-hot
+    assert deterministic_rows(q, draft, torch.tensor([3, 3, 3])).tolist() == [True, False, False]
+    assert deterministic_rows(q, draft, torch.tensor([3, 2, 0])).tolist() == [True, True, True]  # ... nor verified
+    assert deterministic_rows(None, draft, torch.tensor([3, 3, 3])).tolist() == [False] * 3
+
+
+@given(st.integers(0, 2 ** 31 - 1), st.integers(1, 5), st.lists(st.integers(0, 5), min_size=6, max_size=6))
+@settings(max_examples=40, deadline=None)
+def test_coupled_rows_commit_the_targets_own_samples(seed: int, kmax: int, agree: list[int]) -> None:
+    """A row with a one-hot q (a deterministic proposal) commits exactly the tokens the target's own sampler draws at
+    each position — exponential_race(p_j, seed, pos_j), what plain sampling draws — accepting d_j while it is that
+    sample: proposals that agree for the first m positions get m (≤ k) accepted, then the sample at m."""
+    b, v = 6, 11
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(b, kmax + 1, v, generator=g) * 2
+    temp, top_p = torch.full((b,), 0.8), torch.tensor([1.0, 0.9, 1.0, 0.7, 1.0, 1.0])
+    seeds, pos = torch.arange(b) + seed % 1000, torch.randint(0, 500, (b,), generator=g)
+    p = target_probs(logits, temp, top_p)  # [B, K+1, V]
+    own = torch.stack([exponential_race(p[:, j], seeds, pos + j) for j in range(kmax + 1)], 1)  # [B, K+1]
+    m = torch.tensor(agree) % (kmax + 1)  # [B] leading positions where the proposal is the target's sample
+    j = torch.arange(kmax)
+    draft = torch.where(j < m[:, None], own[:, :kmax], (own[:, :kmax] + 1 + j) % v)  # then a token it is not
+    k = torch.randint(0, kmax + 1, (b,), generator=g)
+    res = sample_accept(logits, draft, _one_hot(draft, v), k, temp, top_p, seeds, pos)
+    want = torch.minimum(m, k)
+    assert res.accepted.tolist() == want.tolist()
+    assert res.next_token.tolist() == own.gather(1, want[:, None])[:, 0].tolist()
+
+
+def test_coupled_acceptance_keeps_the_target_distribution() -> None:
+    """One fixed token proposed with a one-hot q: accepted at rate p(d) (= min(1, p/q)), and the first committed token
+    is distributed as p (chi-square), rejections drawing from the residual."""
+    v, n = 6, 4000
+    logits = (torch.randn(1, 2, v, generator=torch.Generator().manual_seed(3)) * 1.5).expand(n, -1, -1)
+    p = target_probs(logits[:1], 0.9, 1.0)[0]  # [2, V]
+    d = int(p[0].argsort()[v // 2])  # a token of middling probability
+    draft = torch.full((n, 1), d)
+    res = sample_accept(logits, draft, _one_hot(draft, v), torch.ones(n, dtype=torch.long), torch.full((n,), 0.9),
+                        torch.ones(n), torch.arange(n) + 77, torch.full((n,), 9))
+    rate = float(res.accepted.double().mean())
+    assert abs(rate - float(p[0, d])) < 4 * (float(p[0, d]) * (1 - float(p[0, d])) / n) ** 0.5
+    first = torch.where(res.accepted > 0, draft[:, 0], res.next_token)
+    assert _chi_p(torch.bincount(first, minlength=v), p[0]) > 1e-3
+    second = res.next_token[res.accepted > 0]  # the bonus after an accepted d: from p[1]
+    assert _chi_p(torch.bincount(second, minlength=v), p[1]) > 1e-3

@@ -228,6 +228,25 @@ def test_bench_writes_a_report(tiny_pair, tmp_path, capsys, caplog) -> None:
                  "--no-hf", "--out", str(out)]) != 0
     assert 'must be a JSON object with "prompt"' in caplog.text
 
+def test_bench_sampled_rows_keep_plain_samplings_tokens_with_the_suffix_match(tiny_pair, tmp_path) -> None:
+    """--temperature: every engine samples prompt i with seed --seed + i; the suffix row (its rounds coupled to the
+    target's sampler) commits plain sampling's tokens in every run."""
+    from dspark_trt.cli import main
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "a b c d a b c d a b c d a b", "chat": false, "kind": "text"}\n'
+                       '{"prompt": "def main(argv):", "chat": false, "kind": "code"}\n')
+    out = tmp_path / "bench.md"
+    assert main(["bench", "--target", str(tiny_pair.target), "--draft", str(tiny_pair.draft), "--dtype", "float32",
+                 "--max-new-tokens", "12", "--repeats", "1", "--prompts", str(prompts), "--policies", "survival",
+                 "--no-useless-drafter", "--temperature", "0.9", "--seed", "5", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "sampled at temperature 0.9" in text and "--temperature 0.9 --seed 5" in text
+    assert "output = plain sampling (same seed) |" in text and "HF generate" not in text
+    row = next(line for line in text.splitlines() if line.startswith("| ours suffix (survival) |"))
+    assert row.rstrip().endswith("| yes |"), text
+
+
 @pytest.mark.slow
 def test_default_target_gets_the_shipped_corpus_and_stays_lossless(default_target_dir: Path) -> None:
     """corpus="auto": the embedded default target (same embedding fingerprint) gets the shipped corpus of its own

@@ -343,3 +343,49 @@ def test_sampled_suffix_dspark_and_hybrid_rows_keep_the_target_joint_distributio
         assert pval > 1e-3, (kind, pval)
     proposal = after[x[:, 0]]  # what the suffix proposed for x2: a sampler accepting it always is caught
     assert sstats.kstest(_rosenblatt(ps[1], proposal, aux[:, 1]).numpy(), "uniform").pvalue < 1e-6
+
+
+@torch.no_grad()
+def test_seeded_sampled_suffix_rows_commit_plain_samplings_tokens(ref_backend, tiny_models) -> None:
+    """Sampled rows whose drafts come from the suffix match are verified coupled to the target's sampler: a seeded
+    request commits, token for token, what plain sampling with its seed commits — whatever the match proposed, at
+    any K, batched with DSpark, hybrid and greedy rows (the hybrid rows' suffix rounds too; their DSpark rounds keep
+    the distribution only). The cross-request index holds the target's argmax after every token, so the match
+    proposes every round and the target often keeps it."""
+    target = tiny_models["target"]
+    v = int(target.config.vocab_size)
+    prompts = [[40, 41, 42], [7, 8, 9, 7, 8], [100, 3, 100, 3, 100]]
+    seqs = torch.arange(v).unsqueeze(1)  # [V, 1]
+    after = target(seqs).logits[:, -1].argmax(-1)  # [V]
+    n, temps = 12, (0.6, 1.0)
+
+    def run(props: tuple[str, ...] | None, k: int) -> tuple[dict[tuple[int, int], list[int]], RoundScheduler]:
+        sp = SuffixProposer(SuffixConfig(min_match=1, max_match=1))
+        for x, w in enumerate(after.tolist()):
+            sp.cross.add([x, w, int(after[w])])
+        sched = RoundScheduler(ref_backend("draft", max_batch=8), LoopConfig(gamma=4, cost_table=TABLE), suffix=sp)
+        rid: dict[int, tuple[int, int]] = {}
+        for i, p in enumerate(prompts):
+            for t, temp in enumerate(temps):
+                pol = (PolicyConfig(policy="plain") if props is None else
+                       PolicyConfig(policy="fixed", k=k, min_k=0, max_k=k, proposers=props))
+                rid[sched.add(Request(tuple(p), n, SamplingParams(temperature=temp, top_p=0.95, seed=31 * i + t),
+                                      pol))] = (i, t)
+            sched.add(Request(tuple(p), n, SamplingParams(), PolicyConfig(policy="fixed", k=3, proposers=HYBRID)))
+            sched.add(Request(tuple(p), n, SamplingParams(temperature=0.8, seed=5), PolicyConfig(
+                policy="fixed", k=3, proposers=("dspark",))))
+        out: dict[int, list[int]] = {r: [] for r in rid}
+        while sched.pending:
+            for ev in sched.step():
+                if ev.request_id in out:
+                    out[ev.request_id].extend(ev.new_tokens)
+        return {rid[r]: t for r, t in out.items()}, sched
+
+    plain, _ = run(None, 0)
+    assert all(len(t) == n for t in plain.values())
+    for k in (1, 3):
+        got, sched = run(("suffix",), k)
+        assert got == plain, k
+        assert sched.totals.by_proposer["suffix"].accepted_tokens > 0  # proposals were kept, not only rejected
+    got, _ = run(HYBRID, 4)  # a hybrid row's answer may differ (its DSpark rounds), yet stays a valid sample
+    assert all(len(t) == n for t in got.values())
