@@ -202,37 +202,28 @@ def sample_accept(
     seeds = torch.as_tensor(seeds, dtype=torch.int64, device=dev).expand(b) & rng.MASK32
     positions = torch.as_tensor(positions, dtype=torch.int64, device=dev).expand(b)
     greedy_rows = temperature <= 0
-    res = greedy_accept(logits, draft, k)
+    res = greedy_accept(logits, draft, k) if bool(greedy_rows.any()) else None
     if bool(greedy_rows.all()):
-        return res
+        return res  # type: ignore[return-value]
     if q is None or q.shape != (b, kmax, v):
         raise InvalidArgumentError(
             f"q must be the draft distributions [B, K, V] = [{b}, {kmax}, {v}] for sampled rows, got "
             f"{None if q is None else tuple(q.shape)}; make the drafter return q when temperature > 0")
     p = target_probs(logits, temperature, top_p)  # [B, K+1, V]
-    q = q.float()
     d = draft.to(torch.long)
-    j = torch.arange(kmax, device=logits.device).unsqueeze(0)  # [1, K]
-    p_d = p[:, :kmax].gather(2, d.unsqueeze(2)).squeeze(2)  # [B, K]
-    q_d = q.gather(2, d.unsqueeze(2)).squeeze(2)  # [B, K]
-    u = rng.uniform(seeds.unsqueeze(1), positions.unsqueeze(1) + j, rng.STREAM_ACCEPT)  # [B, K]
-    ok = (u * q_d < p_d) & (j < k.unsqueeze(1))
-    accepted = ok.to(torch.long).cumprod(dim=1).sum(dim=1)  # [B]
-    idx = accepted.view(b, 1, 1).expand(b, 1, v)
-    p_at = p.gather(1, idx).squeeze(1)  # [B, V] target dist at the committed position
-    q_pad = torch.cat([q, torch.zeros(b, 1, v, device=q.device)], dim=1)  # [B, K+1, V]; q at position k is unused (bonus)
-    q_at = q_pad.gather(1, idx).squeeze(1)  # [B, V]
-    rejected = accepted < k  # [B]
-    residual = torch.clamp(p_at - q_at, min=0.0)
-    empty = residual.sum(dim=-1) <= 0
-    weights = torch.where((rejected & ~empty).unsqueeze(1), residual, p_at)  # [B, V]
-    sampled = exponential_race(weights, seeds, positions + accepted)  # [B]
+    accepted = torch.zeros(b, dtype=torch.long, device=dev)  # [B]
+    sampled = torch.zeros(b, dtype=torch.long, device=dev)  # [B]
     coupled = deterministic_rows(q, d, k) & ~greedy_rows  # [B]
+    rest = (~coupled & ~greedy_rows).nonzero()[:, 0]  # the rows of the u-test rule (each row's draws its own)
+    if len(rest):
+        accepted[rest], sampled[rest] = _uniform_accept(p[rest], d[rest], q[rest].float(), k[rest], seeds[rest],
+                                                        positions[rest])
     if bool(coupled.any()):
-        acc_c, next_c = _coupled_accept(p, d, k, seeds, positions, coupled.nonzero()[:, 0])
-        accepted, sampled = accepted.clone(), sampled.clone()
-        accepted[coupled], sampled[coupled] = acc_c, next_c
+        rows = coupled.nonzero()[:, 0]
+        accepted[rows], sampled[rows] = _coupled_accept(p, d, k, seeds, positions, rows)
     top1_s, margin_s = top_signals(p, _valid(k, kmax + 1))
+    if res is None:
+        return AcceptResult(accepted=accepted, next_token=sampled, top1=top1_s, margin=margin_s)
     g = greedy_rows
     return AcceptResult(
         accepted=torch.where(g, res.accepted, accepted),
@@ -240,6 +231,28 @@ def sample_accept(
         top1=torch.where(g.unsqueeze(1), res.top1, top1_s),
         margin=torch.where(g.unsqueeze(1), res.margin, margin_s),
     )
+
+
+def _uniform_accept(p: torch.Tensor, d: torch.Tensor, q: torch.Tensor, k: torch.Tensor, seeds: torch.Tensor,
+                    positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps 1–3 of sample_accept for R rows: p [R, K+1, V], d [R, K], q [R, K, V] f32, k / seeds / positions [R]
+    → (accepted [R], next_token [R])."""
+    r, kmax, v = q.shape
+    j = torch.arange(kmax, device=p.device).unsqueeze(0)  # [1, K]
+    p_d = p[:, :kmax].gather(2, d.unsqueeze(2)).squeeze(2)  # [R, K]
+    q_d = q.gather(2, d.unsqueeze(2)).squeeze(2)  # [R, K]
+    u = rng.uniform(seeds.unsqueeze(1), positions.unsqueeze(1) + j, rng.STREAM_ACCEPT)  # [R, K]
+    ok = (u * q_d < p_d) & (j < k.unsqueeze(1))
+    accepted = ok.to(torch.long).cumprod(dim=1).sum(dim=1)  # [R]
+    idx = accepted.view(r, 1, 1).expand(r, 1, v)
+    p_at = p.gather(1, idx).squeeze(1)  # [R, V] target dist at the committed position
+    q_pad = torch.cat([q, torch.zeros(r, 1, v, device=q.device)], dim=1)  # [R, K+1, V]; q at k unused (bonus)
+    q_at = q_pad.gather(1, idx).squeeze(1)  # [R, V]
+    rejected = accepted < k  # [R]
+    residual = torch.clamp(p_at - q_at, min=0.0)
+    empty = residual.sum(dim=-1) <= 0
+    weights = torch.where((rejected & ~empty).unsqueeze(1), residual, p_at)  # [R, V]
+    return accepted, exponential_race(weights, seeds, positions + accepted)
 
 
 def deterministic_rows(q: torch.Tensor | None, draft: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
