@@ -215,7 +215,9 @@ def sample_accept(
     sampled = torch.zeros(b, dtype=torch.long, device=dev)  # [B]
     coupled = deterministic_rows(q, d, k) & ~greedy_rows  # [B]
     rest = (~coupled & ~greedy_rows).nonzero()[:, 0]  # the rows of the u-test rule (each row's draws its own)
-    if len(rest):
+    if len(rest) == b:  # every row (no copies)
+        accepted, sampled = _uniform_accept(p, d, q.float(), k, seeds, positions)
+    elif len(rest):
         accepted[rest], sampled[rest] = _uniform_accept(p[rest], d[rest], q[rest].float(), k[rest], seeds[rest],
                                                         positions[rest])
     if bool(coupled.any()):
