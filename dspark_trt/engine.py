@@ -121,8 +121,8 @@ class SpeculativeDecodingEngine:
       proposers: who proposes drafts, "dspark" (the drafter's block), "suffix" (a match of the last tokens in the
         request's own tokens or this engine's recent outputs: spec_decode.suffix; needs no drafter) or both
         ("dspark,suffix": chosen per round by expected committed tokens against the cost, spec_decode.proposers);
-        None: spec_decode.policies.default_proposers (both when greedy; the suffix match alone when
-        sampling, which then commits plain sampling's tokens for the seed, token for token).
+        None: spec_decode.policies.default_proposers (both; the suffix match alone when sampling with a
+        seed, which then commits plain sampling's tokens for that seed, token for token).
       corpus: the suffix proposer's static corpus of the target's own outputs (spec_decode.corpus): "auto" (the
         shipped corpus when the target is the embedded default, else none), None, a corpus file, or a CorpusIndex.
     """
@@ -165,7 +165,7 @@ class SpeculativeDecodingEngine:
             if min_k is not None:
                 min_k = min(min_k, draft_length)
         if proposers is None:
-            proposers = default_proposers(temperature)
+            proposers = default_proposers(temperature, seed)
         self.proposers = parse_proposers(proposers if isinstance(proposers, str) else tuple(proposers))
         needs_drafter = "dspark" in self.proposers
         name = policy or ("plain" if self.drafter is None and needs_drafter

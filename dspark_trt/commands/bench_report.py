@@ -148,7 +148,8 @@ def write_report(args: argparse.Namespace, results: dict[str, Any], gamma: int, 
     base = table.seconds[0]
     lines += ["", "Measured costs (batch 1, shared by every policy): target step by tokens in one pass "
               + ", ".join(f"{n}: {s / base:.2f}×" for n, s in zip(table.tokens, table.seconds))
-              + f" (1 token = {base * 1e3:.1f} ms); drafter pass {table.draft_seconds(1) / base:.2f}× a decode step.",
+              + f" (1 token = {base * 1e3:.1f} ms); drafter pass {table.draft_seconds(1) / base:.2f}× a decode step"
+              + f" (a sampled row's drafting and its acceptance +{table.sampled_t1 / base:.2f}×).",
               "", "τ = generated tokens / target forwards (prefill included, bonus included). \"drafted rounds\": share "
               "of rounds in which the drafter ran (the survival policy skips it while it does not pay).", ""]
     png = args.out.with_suffix(".png")

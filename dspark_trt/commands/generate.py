@@ -39,8 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--proposers", type=parse_proposers, default=None,
                    help="who proposes drafts: dspark (the drafter's block), suffix (a match of the last "
                         "tokens in the prompt + output: needs no drafter) or dspark,suffix (chosen per round by "
-                        "expected tokens against the cost; the default when greedy; suffix alone is the default when "
-                        "sampling: it commits what plain sampling with the seed commits); with --url it is the "
+                        "expected tokens against the cost; the default, but suffix alone when sampling with --seed: it "
+                        "then commits what plain sampling with that seed commits); with --url it is the "
                         "request's `proposers` field (default: the server's)")
     p.add_argument("--k", type=int, default=_POL.k, help=f"verify length for --policy fixed (default {_POL.k})")
     p.add_argument("--gamma", type=int, default=None,
@@ -86,7 +86,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.stream and not args.url:
         raise InvalidArgumentError("--stream needs --url (in-process generation prints the whole result)")
     if args.proposers is None and not args.url:
-        args.proposers = default_proposers(args.temperature)
+        args.proposers = default_proposers(args.temperature, args.seed)
 
 
 def _remote(args: argparse.Namespace) -> dict[str, Any]:

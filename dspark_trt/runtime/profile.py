@@ -44,6 +44,7 @@ def _after_target_pass(backend, slots: list[int]) -> None:  # noqa: ANN001 - a S
 
 
 DRAFT_SAMPLES = 3  # drafter passes timed per rep (each after a target pass); the fastest of all reps counts
+SAMPLED_T = 0.7  # the temperature of the sampled drafter pass timed for CostTable.sampled_t1
 PASS_POINTS = (16, 32, 64, 128, 256, 512)  # token counts profiled past γ + 1 (up to pass_tokens and the cache room)
 
 
@@ -71,11 +72,13 @@ def profile_costs(backend, max_tokens: int, context: int = 64, reps: int = 5, ga
     room = int(backend.max_seq) - ctx - 2
     counts = list(range(1, max_tokens + 1)) + [n for n in PASS_POINTS if max_tokens < n <= min(pass_tokens, room)]
     secs = [float("inf")] * len(counts)
-    d0 = d1 = 0.0
+    d0 = d1 = s1 = 0.0
     drafter = getattr(backend, "drafter", None)
     g = gamma or int(getattr(drafter, "gamma", 0) or 0)
     rows_list = [r for r in draft_rows if r <= n_slots] if g > 0 and drafter is not None else []
     times = [float("inf")] * len(rows_list)
+    sampled_s = float("inf")  # a 1-row sampled drafter pass (its q and draws), fastest of the reps
+    hot = SamplingParams(temperature=SAMPLED_T, seed=1)
     with torch.inference_mode():
         # Interleaved: every rep times every count (and the drafter) once, so a spell of machine load (a shared VM's
         # neighbour) slows all of them alike instead of inflating a few counts — whose clipping to a non-decreasing
@@ -96,17 +99,35 @@ def profile_costs(backend, max_tokens: int, context: int = 64, reps: int = 5, ga
                 times[i] = min(times[i], _fastest(  # DRAFT_SAMPLES per rep: a short pass, so a noisy VM's spikes
                     lambda rows=rows, anchors=anchors: backend.draft(slots[:rows], anchors, g, [greedy] * rows),
                     DRAFT_SAMPLES, setup=lambda rows=rows: _after_target_pass(backend, slots[:rows])))
+            if rows_list:
+                one = torch.full((1,), 42, dtype=torch.long)
+                sampled_s = min(sampled_s, _fastest(
+                    lambda: backend.draft(slots[:1], one, g, [hot], torch.tensor([ctx + 1])), DRAFT_SAMPLES,
+                    setup=lambda: _after_target_pass(backend, slots[:1])))
         if rows_list:
             if len(times) >= 2:
                 d1 = max((times[1] - times[0]) / (rows_list[1] - rows_list[0]), 0.0)
                 d0 = max(times[0] - d1 * rows_list[0], 0.0)
             else:
                 d0 = times[0]
+            s1 = max(sampled_s - times[0], 0.0) + _sampled_accept_extra(backend, g, vocab, hot)
     for slot in slots:
         backend.release(slot)
     for i in range(1, len(secs)):
         secs[i] = max(secs[i], secs[i - 1] * 1.0001)
-    table = CostTable(tuple(counts), tuple(secs), draft_t0=d0, draft_t1=d1)
-    log.info("cost table: step by tokens %s ms; drafter %.2f + %.2f·rows ms",
-             {n: round(s * 1e3, 2) for n, s in zip(counts, secs)}, d0 * 1e3, d1 * 1e3)
+    table = CostTable(tuple(counts), tuple(secs), draft_t0=d0, draft_t1=d1, sampled_t1=s1)
+    log.info("cost table: step by tokens %s ms; drafter %.2f + %.2f·rows ms (+ %.2f ms a sampled row)",
+             {n: round(s * 1e3, 2) for n, s in zip(counts, secs)}, d0 * 1e3, d1 * 1e3, s1 * 1e3)
     return table
+
+
+def _sampled_accept_extra(backend, gamma: int, vocab: int, hot: SamplingParams) -> float:  # noqa: ANN001
+    """Seconds the acceptance of one sampled row's γ-token block with a drafter's q costs over a greedy row's
+    (fastest of a few, on random logits)."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(1, gamma + 1, vocab, generator=g)  # [1, γ+1, V]
+    q = torch.softmax(torch.randn(1, gamma, vocab, generator=g), -1)  # [1, γ, V]
+    draft, k, pos = q.argmax(-1), torch.tensor([gamma]), torch.tensor([0])
+    greedy = _fastest(lambda: backend.accept(logits, draft, k, None, [SamplingParams()], pos), 3)
+    sampled = _fastest(lambda: backend.accept(logits, draft, k, q, [hot], pos), 3)
+    return max(sampled - greedy, 0.0)

@@ -140,7 +140,7 @@ def policy_config(params: GenerationParams, proposers: tuple[str, ...] | None = 
     if params.proposers:
         proposers = params.proposers
     elif proposers is None:
-        proposers = default_proposers(params.temperature)
+        proposers = default_proposers(params.temperature, params.seed)
     return PolicyConfig(policy=params.policy, k=params.max_k, min_k=params.min_k, max_k=params.max_k,
                         proposers=proposers)
 

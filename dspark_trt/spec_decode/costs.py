@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from dspark_trt.errors import InvalidArgumentError
@@ -64,10 +64,14 @@ class CostTable:
     seconds: tuple[float, ...]
     draft_t0: float = 0.0  # drafter pass seconds = draft_t0 + draft_t1 · drafted rows (0 rows: nothing)
     draft_t1: float = 0.0
+    # + sampled_t1 · sampled drafted rows: what a sampled row's drafting costs over a greedy one's (the drafter's q
+    # and draws, the acceptance of that q)
+    sampled_t1: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.draft_t0 < 0 or self.draft_t1 < 0 or not math.isfinite(self.draft_t0 + self.draft_t1):
-            raise InvalidArgumentError("cost table 'draft' costs (t0, t1) must be finite and ≥ 0")
+        if min(self.draft_t0, self.draft_t1, self.sampled_t1) < 0 or not math.isfinite(
+                self.draft_t0 + self.draft_t1 + self.sampled_t1):
+            raise InvalidArgumentError("cost table 'draft' costs (t0, t1, sampled_t1) must be finite and ≥ 0")
         if len(self.tokens) != len(self.seconds) or not self.tokens:
             raise InvalidArgumentError("cost table needs equally long, non-empty 'tokens' and 'seconds' lists")
         if any(b <= a for a, b in zip(self.tokens, self.tokens[1:])):
@@ -91,17 +95,19 @@ class CostTable:
             raise InvalidArgumentError(f"cannot read cost table {path}: {exc}; pass a JSON file with "
                                        f'{{"tokens": [...], "seconds": [...]}} or {{"t0": .., "t1": ..}}') from exc
         draft = data.get("draft", {})
-        d0, d1 = float(draft.get("t0", 0.0)), float(draft.get("t1", 0.0))
+        d0, d1, ds = float(draft.get("t0", 0.0)), float(draft.get("t1", 0.0)), float(draft.get("sampled_t1", 0.0))
         if "t0" in data:
-            return cls.linear(float(data["t0"]), float(data["t1"]), int(data.get("max_tokens", 1024)), d0, d1)
-        return cls(tuple(int(t) for t in data["tokens"]), tuple(float(s) for s in data["seconds"]), d0, d1)
+            return replace(cls.linear(float(data["t0"]), float(data["t1"]), int(data.get("max_tokens", 1024)), d0,
+                                      d1), sampled_t1=ds)
+        return cls(tuple(int(t) for t in data["tokens"]), tuple(float(s) for s in data["seconds"]), d0, d1, ds)
 
     def to_json(self) -> dict[str, object]:
         return {"tokens": list(self.tokens), "seconds": list(self.seconds),
-                "draft": {"t0": self.draft_t0, "t1": self.draft_t1}}
+                "draft": {"t0": self.draft_t0, "t1": self.draft_t1, "sampled_t1": self.sampled_t1}}
 
-    def draft_seconds(self, rows: int) -> float:
-        return self.draft_t0 + self.draft_t1 * rows if rows > 0 else 0.0
+    def draft_seconds(self, rows: int, sampled: int = 0) -> float:
+        """One drafter pass over `rows` rows, `sampled` of them sampling (0 rows: nothing)."""
+        return self.draft_t0 + self.draft_t1 * rows + self.sampled_t1 * sampled if rows > 0 else 0.0
 
     def step_seconds(self, n: int) -> float:
         ts, ss = self.tokens, self.seconds

@@ -371,8 +371,9 @@ class RoundScheduler:
         caps = self._caps(acts)  # the most each row may verify, whoever proposes
         sfx = self._suffix_proposals(acts, caps)  # [B]: a dict probe per match order, no model pass
         dcaps = [c if cfg.uses(DSPARK) and self.executor.can_draft else 0 for c, cfg in zip(caps, cfgs)]
-        dcaps = plan_drafting(cfgs, states, dcaps, table, self.gate, load)  # survival rows the drafter cannot pay for
-        dcaps = skip_drafter(dcaps, sfx, states, table)  # rows the suffix match serves at least as well: not drafted
+        sampled = [not a.sampling.greedy for a in acts]  # [B] their drafting costs more (q, draws, its acceptance)
+        dcaps = plan_drafting(cfgs, states, dcaps, table, self.gate, load, sampled)  # rows the drafter cannot pay for
+        dcaps = skip_drafter(dcaps, sfx, states, table, sampled)  # rows the suffix serves at least as well: undrafted
         rows, drafted = self._draft(acts, dcaps)
         asked, proposed = [False] * b, [0] * b  # per row: drafting asked for, tokens drafted (0 asked: failed)
         for i, n in zip(rows, drafted.proposed if drafted is not None else ()):

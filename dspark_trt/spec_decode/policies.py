@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dspark_trt.errors import InvalidArgumentError
 
-__all__ = ["DEFAULT_PROPOSERS", "SAMPLED_PROPOSERS", "default_proposers", "POLICIES", "POLICY_ALIASES", "PROPOSERS",
+__all__ = ["DEFAULT_PROPOSERS", "SEEDED_PROPOSERS", "default_proposers", "POLICIES", "POLICY_ALIASES", "PROPOSERS",
            "resolve_policy_alias", "canonical_policy", "parse_proposers"]
 
 POLICIES: tuple[str, ...] = ("plain", "fixed", "confidence", "survival")
@@ -28,22 +28,23 @@ def canonical_policy(name: str) -> str:
     return policy
 
 PROPOSERS: tuple[str, ...] = ("dspark", "suffix")  # who may propose a request's draft tokens (spec_decode.proposers)
-# The product's default for greedy requests: both, chosen per row and round by expected committed tokens against
-# the cost (quiet dspark-trt bench, Sapphire Rapids, 30 prompts: amx hybrid 1.31× plain vs DSpark alone 1.04×; avx2
-# engine 1.12× vs 0.97×; output = plain greedy in every row). A request or server may name either alone.
+# The product's default for greedy requests and unseeded sampled ones: both, chosen per row and round by expected
+# committed tokens against the cost (quiet dspark-trt bench, Sapphire Rapids, 30 prompts: amx hybrid 1.31× plain vs
+# DSpark alone 1.04×; avx2 engine 1.12× vs 0.97×; output = plain greedy in every row). A request or server may name
+# either alone.
 DEFAULT_PROPOSERS: tuple[str, ...] = ("dspark", "suffix")
-# ... and for sampled ones: the suffix match alone (quiet dspark-trt bench --temperature 0.7, Zen 4, 18 held-out
-# prompts: suffix 1.18× plain, hybrid 1.11×, DSpark alone 0.94× — a sampled drafter pass and its acceptance cost
-# ~3 ms more than greedy ones, which the cost table does not price). Its rounds are verified coupled to the target's
-# sampler, so a seeded request commits plain sampling's tokens for its seed at any K and load.
-SAMPLED_PROPOSERS: tuple[str, ...] = ("suffix",)
+# ... and for a sampled request that names its seed: the suffix match alone, whose rounds are verified coupled to
+# the target's sampler, so the request commits plain sampling's tokens for its seed at any K and load (a DSpark round
+# draws other tokens). Measured (dspark-trt bench --temperature 0.7, Zen 4, 18 held-out prompts): suffix 1.18× plain.
+SEEDED_PROPOSERS: tuple[str, ...] = ("suffix",)
 
 
-def default_proposers(temperature: float = 0.0) -> tuple[str, ...]:
-    """The proposers of a request that names none: both for a greedy request, the suffix match alone for a sampled
-    one (spec_decode.accept.sample_accept verifies a suffix proposal coupled to the target's own sampler: the
-    request commits, token for token, what plain sampling with its seed commits)."""
-    return SAMPLED_PROPOSERS if temperature > 0 else DEFAULT_PROPOSERS
+def default_proposers(temperature: float = 0.0, seed: int | None = None) -> tuple[str, ...]:
+    """The proposers of a request that names none: both for greedy requests and for sampled ones without a seed; the
+    suffix match alone for a sampled request with a seed (spec_decode.accept.sample_accept verifies a suffix proposal
+    coupled to the target's own sampler: such a request commits, token for token, what plain sampling with its seed
+    commits — at any load, whatever the match drew on)."""
+    return SEEDED_PROPOSERS if temperature > 0 and seed is not None else DEFAULT_PROPOSERS
 
 
 def parse_proposers(spec: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:

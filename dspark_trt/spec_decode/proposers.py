@@ -75,16 +75,17 @@ def _suffix_survival(p: SuffixProposal, cap: int) -> list[float]:
 
 
 def skip_drafter(draft_caps: Sequence[int], proposals: Sequence[SuffixProposal | None],
-                 states: Sequence[PolicyState], table: CostTable) -> list[int]:
+                 states: Sequence[PolicyState], table: CostTable, sampled: Sequence[bool] | None = None) -> list[int]:
     """Draft caps with 0 for the rows whose suffix proposal is expected to pay at least as well as drafting them
-    (decision 1 of the module doc)."""
+    (decision 1 of the module doc; a sampled row's drafting priced with table.sampled_t1)."""
     rows = len(draft_caps)
     out = list(draft_caps)
     for r, (cap, p, st) in enumerate(zip(draft_caps, proposals, states)):
         if cap <= 0 or p is None or not st.survival_est:
             continue
         a_d = extended_survival(st.survival_est, cap)
-        if rate(_suffix_survival(p, cap), rows, table) >= rate(a_d, rows, table, table.draft_seconds(1), 1):
+        cost = table.draft_seconds(1, int(bool(sampled[r])) if sampled else 0)
+        if rate(_suffix_survival(p, cap), rows, table) >= rate(a_d, rows, table, cost, 1):
             out[r] = 0
     return out
 

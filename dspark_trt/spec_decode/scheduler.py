@@ -252,13 +252,14 @@ def _fold(est: list[float], k: int, accepted: int, w: float, model: Sequence[flo
 
 
 def drafting_gain(est: Sequence[float], cap: int, rows: int, table: CostTable,
-                  load: RoundLoad = NO_PREFILL) -> float:
+                  load: RoundLoad = NO_PREFILL, sampled: bool = False) -> float:
     """Best relative throughput of drafting one more row of a `rows`-row round over leaving it plain:
     max_K (rows + Σ_{j≤K} a_j) / (step(rows) + Σ_{i<K} marginal(rows + i) + draft(1)) ÷ (rows / step(rows))
     (marginal: costs.CostTable.marginal_seconds under this round's `load`; without a fused prefill the verify term
     is step(rows + K)), a = observed survival made non-increasing, extended geometrically (the last observed ratio
     a_j / a_{j-1}, or a_1) to positions the policy has not verified yet — else a drafter whose rounds chose small K
-    could never show that larger K pays; 0 when nothing can be verified."""
+    could never show that larger K pays; 0 when nothing can be verified. sampled: the row samples (its drafting
+    costs table.sampled_t1 more)."""
     a = extended_survival(est, cap)
     if not a:
         return 0.0
@@ -268,7 +269,7 @@ def drafting_gain(est: Sequence[float], cap: int, rows: int, table: CostTable,
         gained += aj
         verify = table.step_seconds(rows + K) if load.offset == 0 else verify + table.marginal_seconds(rows + K - 1,
                                                                                                        load)
-        rate = (rows + gained) / (verify + table.draft_seconds(1))
+        rate = (rows + gained) / (verify + table.draft_seconds(1, int(sampled)))
         best = max(best, rate / base)
     return best
 
@@ -289,15 +290,17 @@ def extended_survival(est: Sequence[float], cap: int) -> list[float]:
 
 
 def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], caps: Sequence[int],
-                  table: CostTable, memory: GateMemory | None = None, load: RoundLoad = NO_PREFILL) -> list[int]:
+                  table: CostTable, memory: GateMemory | None = None, load: RoundLoad = NO_PREFILL,
+                  sampled: Sequence[bool] | None = None) -> list[int]:
     """Draft caps for one round before the drafter runs: survival rows whose observed acceptance cannot pay for a
     drafter pass and its verify tokens get 0 (not drafted) for 1, 2, 4, … rounds (up to max_backoff), then one
     probe round drafts again whatever the estimate says (at most probe_k tokens after a closed spell: enough to see
     whether a_1, a_2 recovered, without paying a long verify for a drafter that does not pay). Other policies keep
     their caps. No row probes after a closed spell in a round where even a drafter whose every token is accepted could
     not pay (a large batch, verify tokens compute-bound): it waits another spell (a request's first round, which
-    measures the drafter for the first time, still probes). Updates `states` (and `memory`'s backoff and
-    skip: the next request continues them)."""
+    measures the drafter for the first time, still probes). sampled [B]: the rows that sample (their drafting is
+    priced with table.sampled_t1). Updates `states` (and `memory`'s backoff and skip: the next request continues
+    them)."""
     out = [max(0, int(c)) for c in caps]
     rows = len(out)
     hopeless: dict[int, bool] = {}  # cap → even a drafter whose every token is accepted cannot pay in this round
@@ -320,7 +323,7 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
             st.probe = False
             if st.backoff > 1:  # a probe after a closed spell re-measures a_1..a_probe_k, at a short verify's cost
                 out[r] = min(out[r], cfg.probe_k)
-        elif drafting_gain(st.survival_est, out[r], rows, table, load) >= (
+        elif drafting_gain(st.survival_est, out[r], rows, table, load, bool(sampled[r]) if sampled else False) >= (
                 1.0 - cfg.gate_hysteresis if st.backoff == 1 else 1.0 + cfg.gate_margin):
             st.backoff = 1  # open: stays open until drafting clearly loses (acceptance comes in bursts)
         else:

@@ -37,6 +37,7 @@ def test_profile_covers_verify_and_pass_sizes(backend: SpecBackend, tmp_path: Pa
     assert table.tokens[-1] == 128
     assert all(b > a for a, b in zip(table.seconds, table.seconds[1:]))  # never falls (noise clipped)
     assert table.draft_t0 + table.draft_t1 > 0
+    assert table.sampled_t1 > 0  # a sampled row's q, draws and their acceptance cost more than a greedy row's
     # a round that shares its pass with a 100-token prompt is priced from measured points, above the verify alone
     assert table.round_seconds(8, RoundLoad(100, fused=True)) > table.round_seconds(8)
     path = tmp_path / "cost_table.json"

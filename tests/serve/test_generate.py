@@ -173,7 +173,7 @@ def test_seeded_sampling_plain_equals_in_process(server, reference, protocol: st
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_seeded_sampled_request_gets_the_suffix_match_and_plain_samplings_tokens(server, reference,
                                                                                 protocol: str) -> None:
-    """A sampled request that names no proposers gets the suffix match alone, whose rounds are verified
+    """A sampled request with a seed that names no proposers gets the suffix match alone, whose rounds are verified
     coupled to the target's sampler: the served answer equals in-process plain sampling with that seed, token for
     token, while the match's proposals were verified and some kept."""
     from dspark_trt.spec_decode.loop import LoopConfig, generate
@@ -245,7 +245,7 @@ def test_seeded_sampling_reproducible_on_long_running_server(server) -> None:
 
     prompt, n = "import os\nimport sys", 40
     kw = dict(max_tokens=n, protocol="grpc", stream=True, policy="fixed", max_k=3, temperature=0.9, top_p=0.95,
-              seed=1234, proposers="dspark")  # the drafter's own draws (a sampled request's default is the suffix)
+              seed=1234, proposers="dspark")  # the drafter's own draws (a seeded request's default is the suffix)
     first = generate_remote(server.grpc_url, prompt, **kw)["token_ids"]
     assert len(first) > 1
     generate_remote(server.http_url, "class Queue:", max_tokens=17, policy="confidence")

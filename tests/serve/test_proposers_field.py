@@ -84,11 +84,12 @@ def test_request_field_wins_over_the_server_default() -> None:
     assert policy_config(absent, ("dspark",)).proposers == ("dspark",)
     cfg = policy_config(none, ("dspark", "suffix"))
     assert cfg.policy == "plain" and not cfg.uses("dspark") and not cfg.uses("suffix")
-    # no field, no server default: both for a greedy request, the suffix match alone for a sampled one
+    # no field, no server default: both, but the suffix match alone for a sampled request that names its seed
     assert policy_config(absent).proposers == ("dspark", "suffix")
     sampled = parse_generation(_inp(max_tokens=8, temperature=0.7), 5, LIMITS)
     seeded = parse_generation(_inp(max_tokens=8, temperature=0.7, random_seed=3), 5, LIMITS)
-    assert policy_config(sampled).proposers == policy_config(seeded).proposers == ("suffix",)
+    assert policy_config(sampled).proposers == ("dspark", "suffix")
+    assert policy_config(seeded).proposers == ("suffix",)
     assert policy_config(seeded, ("dspark",)).proposers == ("dspark",)  # the server's default still wins
 
 

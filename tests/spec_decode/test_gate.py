@@ -136,6 +136,35 @@ def test_cost_table_json_keeps_the_drafter_cost(tmp_path: Path) -> None:
     assert CostTable.from_json(f) == TABLE
     with pytest.raises(InvalidArgumentError, match="draft"):
         CostTable((1,), (1.0,), draft_t0=-1.0)
+    hot = CostTable(TABLE.tokens, TABLE.seconds, draft_t0=0.2, draft_t1=0.05, sampled_t1=0.3)
+    f.write_text(json.dumps(hot.to_json()))
+    assert CostTable.from_json(f) == hot and hot.draft_seconds(2, 1) == pytest.approx(0.2 + 0.1 + 0.3)
+    old = {"tokens": list(TABLE.tokens), "seconds": list(TABLE.seconds), "draft": {"t0": 0.2, "t1": 0.0}}
+    f.write_text(json.dumps(old))  # a table stored before sampled_t1: a sampled row costs nothing extra
+    assert CostTable.from_json(f).sampled_t1 == 0.0
+    with pytest.raises(InvalidArgumentError, match="sampled_t1"):
+        CostTable((1,), (1.0,), sampled_t1=-0.1)
+
+
+def test_a_sampled_row_pays_for_its_dearer_drafting() -> None:
+    """A sampled row's drafting costs table.sampled_t1 more (the drafter's q and draws, their acceptance): with the
+    same observed acceptance, the gate stays open for a greedy row and closes for a sampled one, and skip_drafter
+    hands a sampled row to a suffix match the greedy row would still draft past."""
+    from dspark_trt.spec_decode.proposers import skip_drafter
+    from dspark_trt.spec_decode.suffix import SuffixProposal
+
+    hot = CostTable(TABLE.tokens, TABLE.seconds, draft_t0=0.2, draft_t1=0.0, sampled_t1=0.4)
+    est = [0.45, 0.2, 0.08]
+    assert drafting_gain(est, 3, 1, hot) > 1.0 > drafting_gain(est, 3, 1, hot, sampled=True)
+    cfg = PolicyConfig(policy="survival", max_k=3)
+    states = [PolicyState.initial(cfg) for _ in range(2)]
+    for st in states:
+        st.survival_est, st.probe = list(est), False
+    assert plan_drafting([cfg, cfg], states, [3, 3], hot, sampled=[False, True]) == [3, 0]
+    for st in states:
+        st.survival_est = [0.7, 0.45, 0.25]
+    weak = SuffixProposal((5, 6, 7), (0.5, 0.4, 0.3), 2, "own")
+    assert skip_drafter([3, 3], [weak, weak], states, hot, sampled=[False, True]) == [3, 0]
 
 
 class _UselessDrafter:
