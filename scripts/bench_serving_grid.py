@@ -33,7 +33,7 @@ import os
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -50,7 +50,7 @@ log = logging.getLogger("bench_serving_grid")
 MODEL = "ensemble_stream"
 HYBRID = "survival+suffix"
 DSPARK, BOTH = "dspark", "dspark,suffix"  # the rows' `proposers` fields: DSpark alone, DSpark block + suffix match
-POLICY_NAMES = ("plain", "fixed0", "fixed3", "fixedg", "confidence", "survival", HYBRID)
+POLICY_NAMES = ("plain", "fixed0", "fixed3", "fixedg", "confidence", "survival", HYBRID, "suffix", "default")
 QUICK = {"concurrency": [1, 4], "policies": ["plain", "survival"], "requests_per_cell": 2, "max_tokens": 32,
          "long_tokens": 256}
 CHAT = ("Write a Python function that checks whether a number is prime.", "Explain what a hash map is.",
@@ -79,7 +79,17 @@ class PolicySpec:
     policy: str
     min_k: int | None = None
     max_k: int | None = None
-    proposers: str | None = None  # "dspark" | "dspark,suffix" (serve.validate.check_proposers); None for plain
+    proposers: str | None = None  # "dspark" | "suffix" | "dspark,suffix" (serve.validate.check_proposers); None:
+    # not sent (plain, or the server's default: both when greedy, the suffix alone for a seeded sampled request)
+    temperature: float = 0.0  # > 0: every request samples, job i with seed seed_base + i (references alike)
+    seed_base: int = 0
+
+    @property
+    def exact(self) -> bool:
+        """Whether its answers must equal the single-stream plain answers token for token: always when greedy;
+        when sampling, unless DSpark drafts its rounds (a DSpark round keeps the distribution, not the seed's
+        tokens; a suffix round commits plain sampling's tokens)."""
+        return self.temperature <= 0 or self.max_k == 0 or "dspark" not in (self.proposers or "suffix")
 
 
 @dataclass
@@ -96,8 +106,10 @@ class Sample:
     error: str | None = None
 
 
-def policy_specs(names: Sequence[str], gamma: int, min_k: int) -> list[PolicySpec]:
-    """Grid rows for `names` (POLICY_NAMES) on a build with draft block γ and default MIN_K."""
+def policy_specs(names: Sequence[str], gamma: int, min_k: int, temperature: float = 0.0,
+                 seed_base: int = 0) -> list[PolicySpec]:
+    """Grid rows for `names` (POLICY_NAMES) on a build with draft block γ and default MIN_K; temperature > 0: every
+    row samples (job i seeded seed_base + i)."""
     table = {"plain": PolicySpec("plain", "plain"),
              # fixed0: the DSpark request path with K ≡ 0 (no draft, one token a round): its overhead against plain
              "fixed0": PolicySpec("fixed0", "fixed", 0, 0, proposers=DSPARK),
@@ -105,11 +117,14 @@ def policy_specs(names: Sequence[str], gamma: int, min_k: int) -> list[PolicySpe
              "fixedg": PolicySpec("fixedg", "fixed", min(min_k, gamma), gamma, proposers=DSPARK),
              "confidence": PolicySpec("confidence", "confidence", proposers=DSPARK),
              "survival": PolicySpec("survival", "survival", proposers=DSPARK),
-             HYBRID: PolicySpec(HYBRID, "survival", proposers=BOTH)}
+             HYBRID: PolicySpec(HYBRID, "survival", proposers=BOTH),
+             "suffix": PolicySpec("suffix", "survival", proposers="suffix"),
+             # default: no `proposers` field, the server's choice
+             "default": PolicySpec("default", "survival")}
     bad = [n for n in names if n not in table]
     if bad:
         raise InvalidArgumentError(f"--policies: unknown {bad}; choose from {', '.join(POLICY_NAMES)}")
-    return [table[n] for n in names]
+    return [replace(table[n], temperature=temperature, seed_base=seed_base) for n in names]
 
 
 def serve_config(url: str | None = None, repo: Path | None = None) -> Any:
@@ -171,7 +186,8 @@ class StreamClient(LoadStreamClient):
 
         req = GenerationRequest(prompt=job.prompt, max_tokens=job.max_tokens, stream=True, policy=spec.policy,
                                 min_k=spec.min_k, max_k=spec.max_k, apply_chat_template=job.chat,
-                                return_stats=True, temperature=0.0, proposers=spec.proposers)
+                                return_stats=True, temperature=spec.temperature, proposers=spec.proposers,
+                                random_seed=spec.seed_base + index if spec.temperature > 0 else None)
         return self.send(Sample(index), req, stats=True)
 
 
@@ -229,10 +245,13 @@ def batch_bucket(b: int) -> str:
     return str(lo) if lo == 1 else f"{lo}-{2 * lo - 1}"
 
 
-def summarize_cell(samples: list[Sample], wall: float, refs: dict[int, list[int]], jobs: list[Job]) -> dict[str, Any]:
-    """One cell's numbers; `refs`: job index → its single-stream answer."""
+def summarize_cell(samples: list[Sample], wall: float, refs: dict[int, list[int]], jobs: list[Job],
+                   exact: bool = True) -> dict[str, Any]:
+    """One cell's numbers; `refs`: job index → its single-stream answer; exact: a different answer is wrong (else
+    counted as `other_draws`: a sampled row whose rounds DSpark drafts)."""
     good = [s for s in samples if s.error is None]
-    wrong = [s for s in good if s.ids != refs[s.job]]
+    differ = [s for s in good if s.ids != refs[s.job]]
+    wrong = differ if exact else []
     ms = lambda v: None if v is None else round(1e3 * v, 2)  # noqa: E731
     ttft = [s.t_first - s.t_send for s in good if s.t_first is not None]
     itl = [g for s in good for g in s.gaps]
@@ -264,7 +283,8 @@ def summarize_cell(samples: list[Sample], wall: float, refs: dict[int, list[int]
         at = next((j for j, (a, b) in enumerate(zip(s.ids, ref)) if a != b), min(len(s.ids), len(ref)))
         first_wrong.append({"job": s.job, "kind": jobs[s.job].kind, "first_difference_at": at, "got": len(s.ids),
                             "want": len(ref)})
-    return {"requests": len(samples), "ok": len(good) - len(wrong), "wrong": len(wrong),
+    return {"requests": len(samples), "ok": len(good) - len(differ), "wrong": len(wrong),
+            "other_draws": len(differ) - len(wrong),
             "errors": len(samples) - len(good), "wall_s": round(wall, 3), "tokens": tokens,
             "prompt_kinds": {k: sum(jobs[s.job].kind == k for s in samples) for k in ("chat", "code")},
             "tok_s": round(tokens / wall, 2) if wall else 0.0, "req_s": round(len(good) / wall, 3) if wall else 0.0,
@@ -281,13 +301,15 @@ def summarize_cell(samples: list[Sample], wall: float, refs: dict[int, list[int]
             "first_errors": sorted({s.error or "" for s in samples if s.error})[:3], "first_wrong": first_wrong}
 
 
-def reference_answers(url: str, jobs: list[Job], needed: set[int], timeout: float) -> dict[int, list[int]]:
-    """Each needed job's answer alone (plain policy, one request at a time) through the server at `url`."""
+def reference_answers(url: str, jobs: list[Job], needed: set[int], timeout: float,
+                      plain: PolicySpec = PolicySpec("plain", "plain")) -> dict[int, list[int]]:
+    """Each needed job's answer alone (plain policy — sampled as `plain` says —, one request at a time) through the
+    server at `url`."""
     client = StreamClient(url, timeout)
     try:
         out = {}
         for i in sorted(needed):
-            s = client.run(i, jobs[i], PolicySpec("plain", "plain"))
+            s = client.run(i, jobs[i], plain)
             if s.error:
                 raise ServeError(f"the single-stream answer of job {i} ({jobs[i].kind}) failed: {s.error}; check the "
                                  "server log")
@@ -305,7 +327,8 @@ def run_grid(url: str, specs: list[PolicySpec], levels: list[int], requests: int
     requests over their summed wall time and keeps each round's tok/s (`tok_s_rounds`: the spread)."""
     needed = {i for c in levels for plan in cell_jobs(c, requests, len(jobs)) for i in plan}
     log.info("reference: %d prompts alone through %s", len(needed), url)
-    refs = reference_answers(url, jobs, needed, timeout)
+    refs = reference_answers(url, jobs, needed, timeout, replace(specs[0], name="plain", policy="plain", min_k=None,
+                                                                 max_k=None, proposers=None))
     cells: list[dict[str, Any]] = []
     n = len(specs)
     for c in levels:
@@ -319,7 +342,7 @@ def run_grid(url: str, specs: list[PolicySpec], levels: list[int], requests: int
                 if rounds > 1:
                     log.info("c=%d %s round %d: %.1f tok/s", c, specs[j].name, r + 1, pooled[j][2][-1])
         for spec, (samples, walls, per_round) in zip(specs, pooled):
-            cell = dict(policy=spec.name, concurrency=c, **summarize_cell(samples, sum(walls), refs, jobs))
+            cell = dict(policy=spec.name, concurrency=c, **summarize_cell(samples, sum(walls), refs, jobs, spec.exact))
             if rounds > 1:
                 cell["tok_s_rounds"] = per_round
             log.info("c=%d %s: %.1f tok/s, TTFT p50 %s ms, ITL p50 %s ms, mean K %.2f, wrong %d, errors %d", c,
@@ -349,6 +372,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="with --repo: the server's DSPARK_SUFFIX_RECENT_TOKENS; 0 = no cross-request suffix index, so the "
                         "grid's repeated prompts cannot copy earlier answers (the suffix rows then measure new traffic)")
     p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sample every request at this temperature (default 0: greedy); job i seeded --seed + i in "
+                        "every row and in the references")
+    p.add_argument("--seed", type=int, default=1, help="the first job's sampling seed (with --temperature)")
     p.add_argument("--rounds", type=int, default=1,
                    help="run each level's policies this many times, order rotated; cells pool their rounds")
     p.add_argument("--out", type=Path, default=None, help="results folder (default runs/bench_serving/<UTC stamp>)")
@@ -392,7 +419,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             url = args.url
         cfg = serve_config(url)
-        specs = policy_specs(args.policies, cfg.gamma, cfg.min_k)
+        specs = policy_specs(args.policies, cfg.gamma, cfg.min_k, args.temperature, args.seed)
         jobs = make_jobs(load_tokenizer(cfg.build / "tokenizer"), cfg.room, args.max_tokens, args.long_tokens)
         log.info("grid: concurrency %s × %s, %d request(s)/client/cell, max_tokens %d, γ %d, %d KV slots",
                  args.concurrency, [s.name for s in specs], args.requests_per_cell, args.max_tokens, cfg.gamma,
@@ -406,6 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "max_seq_len": cfg.max_seq_len, "max_queue": cfg.max_queue, "threads": args.threads or "auto",
                        "requests_per_cell": args.requests_per_cell, "rounds": args.rounds, "max_tokens": args.max_tokens,
                        "long_tokens": args.long_tokens, "concurrency": args.concurrency,
+                       "temperature": args.temperature, "seed": args.seed if args.temperature > 0 else None,
                        "policies": [asdict(s) for s in specs], "quick": args.quick,
                        "load_before": [round(x, 2) for x in load_before],
                        "load_after": [round(x, 2) for x in os.getloadavg()],

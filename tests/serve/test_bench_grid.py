@@ -38,7 +38,12 @@ def test_policy_rows_and_job_mix(reference) -> None:  # noqa: ANN001
     assert specs["plain"].proposers is None  # the plain policy proposes nothing: no field sent
     assert all(specs[n].proposers == "dspark" for n in ("fixed0", "fixed3", "fixedg", "confidence", "survival"))
     assert (specs["survival+suffix"].policy, specs["survival+suffix"].proposers) == ("survival", "dspark,suffix")
-    assert all(check_proposers(s.proposers) is not None for n, s in specs.items() if n != "plain")  # valid fields
+    assert all(check_proposers(s.proposers) is not None for n, s in specs.items()
+               if n not in ("plain", "default"))  # valid fields
+    assert specs["default"].proposers is None and specs["suffix"].proposers == "suffix"  # the server's / the match
+    assert all(s.exact for s in specs.values())  # greedy: every row must give the single-stream answer
+    hot = {s.name: s for s in grid.policy_specs(grid.POLICY_NAMES, gamma=GAMMA, min_k=2, temperature=0.7)}
+    assert {n for n, s in hot.items() if s.exact} == {"plain", "fixed0", "suffix", "default"}
     with pytest.raises(InvalidArgumentError, match="unknown"):
         grid.policy_specs(["fixed9"], GAMMA, 2)
     jobs = _jobs(reference, 16)
@@ -80,8 +85,8 @@ def test_rounds_rotate_the_policy_order_and_pool_each_cell(monkeypatch: pytest.M
             next(walls)
 
     monkeypatch.setattr(grid, "run_cell", fake_cell)
-    monkeypatch.setattr(grid, "reference_answers", lambda url, jobs_, needed, timeout: {0: [1, 2, 3, 4],
-                                                                                         1: [1, 2, 3, 4]})
+    monkeypatch.setattr(grid, "reference_answers", lambda url, jobs_, needed, timeout, plain: {0: [1, 2, 3, 4],
+                                                                                                1: [1, 2, 3, 4]})
     specs = grid.policy_specs(["plain", "fixed3", "survival"], gamma=GAMMA, min_k=1)
     result = grid.run_grid("u", specs, [2], 1, jobs, timeout=1.0, rounds=3)
     assert [n for _, n in order] == ["plain", "fixed3", "survival", "fixed3", "survival", "plain",
@@ -130,6 +135,27 @@ def test_small_grid_through_triton(server, reference, tmp_path: Path) -> None:  
     text = report.write_outputs(result, tmp_path)
     assert "PASS: every answer under load equals its single-stream answer (16 equal, 0 different, 0 errors)" in text
     assert (tmp_path / "grid.png").read_bytes()[:4] == b"\x89PNG" and (tmp_path / "grid.json").is_file()
+
+
+@pytest.mark.triton
+def test_small_sampled_grid_through_triton(server, reference, tmp_path: Path) -> None:  # noqa: ANN001
+    """--temperature: every request samples, job i seeded alike in every row and the references; the rows the
+    suffix match drafts (named, or the server's default for a seeded request) give plain sampling's answer under
+    load; a DSpark row's answers are counted apart (other draws), never as wrong."""
+    jobs = _jobs(reference, 12)
+    specs = grid.policy_specs(["plain", "default", "suffix", "survival"], gamma=GAMMA, min_k=1, temperature=0.8,
+                              seed_base=5)
+    result = grid.run_grid(server.grpc_url, specs, [1, 3], 1, jobs, timeout=300.0)
+    cells = {(c["policy"], c["concurrency"]): c for c in result["cells"]}
+    for key, c in cells.items():
+        assert c["errors"] == 0 and c["wrong"] == 0, (key, c["first_errors"], c["first_wrong"])
+    for c in (1, 3):
+        for pol in ("plain", "default", "suffix"):
+            assert cells[(pol, c)]["ok"] == c and cells[(pol, c)]["other_draws"] == 0, (pol, c)
+        assert cells[("default", c)]["proposers_allowed"] == ["suffix"]  # a seeded request's default
+    result["setup"] = dict(_setup(), temperature=0.8, seed=5)
+    text = report.write_outputs(result, tmp_path)
+    assert "sampled at T 0.8, job i seeded 5 + i" in text and "PASS: every answer under load" in text
 
 
 def test_server_proposers_env(monkeypatch: pytest.MonkeyPatch) -> None:
