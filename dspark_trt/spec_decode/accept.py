@@ -1,7 +1,8 @@
 """Verification of one speculative round: greedy acceptance and exact rejection sampling.
 
 Owns the reference semantics that the fused acceptance kernels (dspark_trt/kernels/) must reproduce bit for bit
-(up to float32 rounding of the softmax): which draft tokens are accepted, which token is committed
+(up to float32 rounding of the softmax; a sampled row with a deterministic proposal takes the coupled rule of
+`sample_accept`, which only this reference runs): which draft tokens are accepted, which token is committed
 after them (recovered at the first rejection, bonus when all K are accepted), and the per-position
 confidence signals (target top-1 probability and top-1 − top-2 margin). Also owns `target_probs`, the
 one temperature + top-p transform that drafter and target both use. Pure torch: knows nothing of
