@@ -203,9 +203,9 @@ def sample_accept(
     seeds = torch.as_tensor(seeds, dtype=torch.int64, device=dev).expand(b) & rng.MASK32
     positions = torch.as_tensor(positions, dtype=torch.int64, device=dev).expand(b)
     greedy_rows = temperature <= 0
-    res = greedy_accept(logits, draft, k) if bool(greedy_rows.any()) else None
     if bool(greedy_rows.all()):
-        return res  # type: ignore[return-value]
+        return greedy_accept(logits, draft, k)
+    res = greedy_accept(logits, draft, k) if bool(greedy_rows.any()) else None  # the greedy rows' outcome
     if q is None or q.shape != (b, kmax, v):
         raise InvalidArgumentError(
             f"q must be the draft distributions [B, K, V] = [{b}, {kmax}, {v}] for sampled rows, got "
@@ -265,7 +265,7 @@ def deterministic_rows(q: torch.Tensor | None, draft: torch.Tensor, k: torch.Ten
     b, kmax = draft.shape
     if q is None:
         return torch.zeros(b, dtype=torch.bool, device=draft.device)
-    q_d = q.float().gather(2, draft.to(torch.long).unsqueeze(2)).squeeze(2)  # [B, K]
+    q_d = q.gather(2, draft.to(torch.long).unsqueeze(2)).squeeze(2).float()  # [B, K]
     j = torch.arange(kmax, device=draft.device).unsqueeze(0)  # [1, K]
     return ((q_d == 1.0) | (j >= k.to(draft.device).unsqueeze(1))).all(dim=1)
 
@@ -285,7 +285,7 @@ def _coupled_accept(p: torch.Tensor, draft: torch.Tensor, k: torch.Tensor, seeds
             break
         r = rows[live]
         won = exponential_race(p[r, j], seeds[r], positions[r] + j)  # [L] the target's sample at pos_j
-        hit = (j < k[r]) & (won == draft[r, min(j, kmax - 1)]) if j < kmax else torch.zeros_like(won, dtype=torch.bool)
+        hit = (j < k[r]) & (won == draft[r, j]) if j < kmax else torch.zeros_like(won, dtype=torch.bool)
         acc[live[hit]] += 1
         nxt[live[~hit]] = won[~hit]
         live = live[hit]
