@@ -115,10 +115,56 @@ def profile_costs(backend, max_tokens: int, context: int = 64, reps: int = 5, ga
         backend.release(slot)
     for i in range(1, len(secs)):
         secs[i] = max(secs[i], secs[i - 1] * 1.0001)
-    table = CostTable(tuple(counts), tuple(secs), draft_t0=d0, draft_t1=d1, sampled_t1=s1)
-    log.info("cost table: step by tokens %s ms; drafter %.2f + %.2f·rows ms (+ %.2f ms a sampled row)",
-             {n: round(s * 1e3, 2) for n, s in zip(counts, secs)}, d0 * 1e3, d1 * 1e3, s1 * 1e3)
+    context = _profile_context(backend, ctx, max_tokens, reps, g if rows_list else 0)
+    table = CostTable(tuple(counts), tuple(secs), draft_t0=d0, draft_t1=d1, sampled_t1=s1, **context)
+    log.info("cost table: step by tokens %s ms; drafter %.2f + %.2f·rows ms (+ %.2f ms a sampled row); per cached "
+             "token past %d: %.2f µs a row + %.2f µs a query token, drafter %.2f µs",
+             {n: round(s * 1e3, 2) for n, s in zip(counts, secs)}, d0 * 1e3, d1 * 1e3, s1 * 1e3, ctx,
+             context.get("ctx_t0", 0.0) * 1e6, context.get("ctx_t1", 0.0) * 1e6, context.get("draft_ctx", 0.0) * 1e6)
     return table
+
+
+LONG_CONTEXT = 1024  # the second context the pass and the drafter are timed at (room permitting)
+
+
+def _profile_context(backend, ctx: int, max_tokens: int, reps: int, gamma: int) -> dict[str, float]:  # noqa: ANN001
+    """What a row's cached tokens add to a pass: one-row passes of 1 and max_tokens tokens (and a 1-row drafter pass
+    when gamma > 0) timed at `ctx` and at a long context side by side, fastest of reps each → CostTable's context
+    fields (linear in the cached tokens); {} (context-blind) without two slots or room for a long context."""
+    room = int(backend.max_seq) - max_tokens - 4 - 2 * reps * DRAFT_SAMPLES
+    long_ctx = min(LONG_CONTEXT, room)
+    if int(backend.max_batch) < 2 or long_ctx < ctx + 256 or max_tokens < 2:
+        return {}
+    vocab = int(backend.vocab_size)
+    backend.prefill([0, 1], [[(17 + 31 * i) % vocab for i in range(n)] for n in (ctx, long_ctx)])
+    target, cache = backend.target, backend.cache
+    greedy = SamplingParams()
+    t = {}  # (slot, n | "draft") → fastest seconds
+    with torch.inference_mode():
+        for _ in range(reps):
+            for slot in (0, 1):
+                s = torch.tensor([slot])
+                start = cache.lengths[s].clone()  # [1]
+                for n in (1, max_tokens):
+                    toks = torch.tensor([[(101 + 7 * j) % vocab for j in range(n)]])  # [1, n]
+
+                    def one_pass(toks: torch.Tensor = toks, s: torch.Tensor = s, start: torch.Tensor = start) -> None:
+                        target(toks, cache, s, taps=backend.taps, logits="all")
+                        cache.truncate(s, start)
+
+                    t[slot, n] = min(t.get((slot, n), float("inf")), _fastest(one_pass, 1))
+                if gamma > 0:
+                    one = torch.full((1,), 42, dtype=torch.long)
+                    t[slot, "draft"] = min(t.get((slot, "draft"), float("inf")), _fastest(
+                        lambda slot=slot: backend.draft([slot], one, gamma, [greedy]), DRAFT_SAMPLES,
+                        setup=lambda slot=slot: _after_target_pass(backend, [slot])))
+    for slot in (0, 1):
+        backend.release(slot)
+    span = float(long_ctx - ctx)
+    row = max(t[1, 1] - t[0, 1], 0.0) / span  # ctx_t0 + ctx_t1
+    per_token = max((t[1, max_tokens] - t[0, max_tokens]) / span - row, 0.0) / (max_tokens - 1)
+    draft = max(t[1, "draft"] - t[0, "draft"], 0.0) / span if gamma > 0 else 0.0
+    return {"context": ctx, "ctx_t0": max(row - per_token, 0.0), "ctx_t1": per_token, "draft_ctx": draft}
 
 
 def _sampled_accept_extra(backend, gamma: int, vocab: int, hot: SamplingParams) -> float:  # noqa: ANN001

@@ -67,11 +67,21 @@ class CostTable:
     # + sampled_t1 · sampled drafted rows: what a sampled row's drafting costs over a greedy one's (the drafter's q
     # and draws, the acceptance of that q)
     sampled_t1: float = 0.0
+    # The columns above are profiled with `context` tokens cached per row; a row with more pays its attention over
+    # them: ctx_t0 a row + ctx_t1 each of its query tokens, per cached token beyond `context` (draft_ctx: its drafter
+    # row, likewise). 0: context-blind (a table profiled at one context, or an old JSON).
+    context: int = 0
+    ctx_t0: float = 0.0
+    ctx_t1: float = 0.0
+    draft_ctx: float = 0.0
 
     def __post_init__(self) -> None:
         if min(self.draft_t0, self.draft_t1, self.sampled_t1) < 0 or not math.isfinite(
                 self.draft_t0 + self.draft_t1 + self.sampled_t1):
             raise InvalidArgumentError("cost table 'draft' costs (t0, t1, sampled_t1) must be finite and ≥ 0")
+        if self.context < 0 or min(self.ctx_t0, self.ctx_t1, self.draft_ctx) < 0 or not math.isfinite(
+                self.ctx_t0 + self.ctx_t1 + self.draft_ctx):
+            raise InvalidArgumentError("cost table 'context' costs (tokens, t0, t1, draft) must be finite and ≥ 0")
         if len(self.tokens) != len(self.seconds) or not self.tokens:
             raise InvalidArgumentError("cost table needs equally long, non-empty 'tokens' and 'seconds' lists")
         if any(b <= a for a, b in zip(self.tokens, self.tokens[1:])):
@@ -94,16 +104,36 @@ class CostTable:
         except (OSError, json.JSONDecodeError) as exc:
             raise InvalidArgumentError(f"cannot read cost table {path}: {exc}; pass a JSON file with "
                                        f'{{"tokens": [...], "seconds": [...]}} or {{"t0": .., "t1": ..}}') from exc
-        draft = data.get("draft", {})
+        draft, ctx = data.get("draft", {}), data.get("context", {})
         d0, d1, ds = float(draft.get("t0", 0.0)), float(draft.get("t1", 0.0)), float(draft.get("sampled_t1", 0.0))
+        context = {"context": int(ctx.get("tokens", 0)), "ctx_t0": float(ctx.get("t0", 0.0)),
+                   "ctx_t1": float(ctx.get("t1", 0.0)), "draft_ctx": float(ctx.get("draft", 0.0))}
         if "t0" in data:
             return replace(cls.linear(float(data["t0"]), float(data["t1"]), int(data.get("max_tokens", 1024)), d0,
-                                      d1), sampled_t1=ds)
-        return cls(tuple(int(t) for t in data["tokens"]), tuple(float(s) for s in data["seconds"]), d0, d1, ds)
+                                      d1), sampled_t1=ds, **context)
+        return cls(tuple(int(t) for t in data["tokens"]), tuple(float(s) for s in data["seconds"]), d0, d1, ds,
+                   **context)
 
     def to_json(self) -> dict[str, object]:
         return {"tokens": list(self.tokens), "seconds": list(self.seconds),
-                "draft": {"t0": self.draft_t0, "t1": self.draft_t1, "sampled_t1": self.sampled_t1}}
+                "draft": {"t0": self.draft_t0, "t1": self.draft_t1, "sampled_t1": self.sampled_t1},
+                "context": {"tokens": self.context, "t0": self.ctx_t0, "t1": self.ctx_t1, "draft": self.draft_ctx}}
+
+    def _beyond(self, context: int | None) -> int:
+        return max(0, int(context) - self.context) if context is not None else 0
+
+    def row_seconds(self, context: int | None, tokens: int = 1) -> float:
+        """What a row with `context` cached tokens and `tokens` query tokens adds to a target pass beyond the step
+        column (its attention over the tokens cached past the profiled context); None: nothing (context unknown)."""
+        return self._beyond(context) * (self.ctx_t0 + self.ctx_t1 * tokens)
+
+    def token_seconds(self, context: int | None) -> float:
+        """What one more verify token of a row with `context` cached tokens adds beyond the step column."""
+        return self._beyond(context) * self.ctx_t1
+
+    def draft_row_seconds(self, context: int | None) -> float:
+        """What drafting a row with `context` cached tokens adds beyond draft_t1 (its block's attention)."""
+        return self._beyond(context) * self.draft_ctx
 
     def draft_seconds(self, rows: int, sampled: int = 0) -> float:
         """One drafter pass over `rows` rows, `sampled` of them sampling (0 rows: nothing)."""

@@ -372,8 +372,9 @@ class RoundScheduler:
         sfx = self._suffix_proposals(acts, caps)  # [B]: a dict probe per match order, no model pass
         dcaps = [c if cfg.uses(DSPARK) and self.executor.can_draft else 0 for c, cfg in zip(caps, cfgs)]
         sampled = [not a.sampling.greedy for a in acts]  # [B] their drafting costs more (q, draws, its acceptance)
-        dcaps = plan_drafting(cfgs, states, dcaps, table, self.gate, load, sampled)  # rows the drafter cannot pay for
-        dcaps = skip_drafter(dcaps, sfx, states, table, sampled)  # rows the suffix serves at least as well: undrafted
+        ctx = [a.n_committed for a in acts]  # [B] cached tokens: a long context makes verify tokens dearer
+        dcaps = plan_drafting(cfgs, states, dcaps, table, self.gate, load, sampled, ctx)  # rows that cannot pay
+        dcaps = skip_drafter(dcaps, sfx, states, table, sampled, ctx)  # rows the suffix serves as well: undrafted
         rows, drafted = self._draft(acts, dcaps)
         asked, proposed = [False] * b, [0] * b  # per row: drafting asked for, tokens drafted (0 asked: failed)
         for i, n in zip(rows, drafted.proposed if drafted is not None else ()):
@@ -385,7 +386,7 @@ class RoundScheduler:
             models = {i: surv[j][:min(proposed[i], dcaps[i])] for j, i in enumerate(rows) if proposed[i] > 0}
         plan = assemble(cfgs, states, [a.sampling for a in acts], caps, dcaps, rows, proposed, block, sfx,
                         self.executor.vocab_size, table)
-        ks = schedule_batch(cfgs, states, plan.avail, plan.conf, table, load=load)
+        ks = schedule_batch(cfgs, states, plan.avail, plan.conf, table, load=load, contexts=ctx)
         out = self.executor.verify(acts, plan.block(max(ks)), ks)  # tokens [B, K], q [B, K, V] | None
         self.batched_rounds += 1
         for i, act in enumerate(acts):

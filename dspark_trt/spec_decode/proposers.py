@@ -38,16 +38,19 @@ __all__ = ["NONE", "DSPARK", "SUFFIX", "RoundDrafts", "rate", "worth_proposing",
 NONE, DSPARK, SUFFIX = "none", "dspark", "suffix"
 
 
-def rate(a: Sequence[float], rows: int, table: CostTable, extra_seconds: float = 0.0, min_k: int = 0) -> float:
-    """max_{min_k ≤ K ≤ len(a)} (rows + Σ_{j≤K} a_j) / (step(rows + K) + extra_seconds): the round's throughput
-    (relative units) when this row verifies K of a proposal with survival a; 0 when no K ≥ min_k exists."""
+def rate(a: Sequence[float], rows: int, table: CostTable, extra_seconds: float = 0.0, min_k: int = 0,
+         token_seconds: float = 0.0) -> float:
+    """max_{min_k ≤ K ≤ len(a)} (rows + Σ_{j≤K} a_j) / (step(rows + K) + K·token_seconds + extra_seconds): the
+    round's throughput (relative units) when this row verifies K of a proposal with survival a (token_seconds: what
+    each of its verify tokens adds past the step column, CostTable.token_seconds of its context); 0 when no K ≥ min_k
+    exists."""
     best, gained = 0.0, 0.0
     if min_k == 0:
         best = rows / (table.step_seconds(rows) + extra_seconds)
     for k, aj in enumerate(a, start=1):
         gained += float(aj)
         if k >= min_k:
-            best = max(best, (rows + gained) / (table.step_seconds(rows + k) + extra_seconds))
+            best = max(best, (rows + gained) / (table.step_seconds(rows + k) + k * token_seconds + extra_seconds))
     return best
 
 
@@ -75,17 +78,22 @@ def _suffix_survival(p: SuffixProposal, cap: int) -> list[float]:
 
 
 def skip_drafter(draft_caps: Sequence[int], proposals: Sequence[SuffixProposal | None],
-                 states: Sequence[PolicyState], table: CostTable, sampled: Sequence[bool] | None = None) -> list[int]:
+                 states: Sequence[PolicyState], table: CostTable, sampled: Sequence[bool] | None = None,
+                 contexts: Sequence[int] | None = None) -> list[int]:
     """Draft caps with 0 for the rows whose suffix proposal is expected to pay at least as well as drafting them
-    (decision 1 of the module doc; a sampled row's drafting priced with table.sampled_t1)."""
+    (decision 1 of the module doc; a sampled row's drafting priced with table.sampled_t1; contexts [B]: the rows'
+    cached tokens, pricing their verify tokens and drafter rows, CostTable.token_seconds / draft_row_seconds)."""
     rows = len(draft_caps)
     out = list(draft_caps)
     for r, (cap, p, st) in enumerate(zip(draft_caps, proposals, states)):
         if cap <= 0 or p is None or not st.survival_est:
             continue
         a_d = extended_survival(st.survival_est, cap)
-        cost = table.draft_seconds(1, int(bool(sampled[r])) if sampled else 0)
-        if rate(_suffix_survival(p, cap), rows, table) >= rate(a_d, rows, table, cost, 1):
+        ctx = contexts[r] if contexts is not None else None
+        cost = table.draft_seconds(1, int(bool(sampled[r])) if sampled else 0) + table.draft_row_seconds(ctx)
+        per_token = table.token_seconds(ctx)
+        if rate(_suffix_survival(p, cap), rows, table, token_seconds=per_token) >= rate(
+                a_d, rows, table, cost, 1, per_token):
             out[r] = 0
     return out
 

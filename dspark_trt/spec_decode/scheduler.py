@@ -183,7 +183,8 @@ def observe(cfg: PolicyConfig, state: PolicyState, k: int, accepted: int,
 
 
 def plan_survival(a_rows: Sequence[torch.Tensor], fixed_tokens: int, table: CostTable,
-                  min_gain: float = 0.0, fixed_tau: float | None = None, load: RoundLoad = NO_PREFILL) -> list[int]:
+                  min_gain: float = 0.0, fixed_tau: float | None = None, load: RoundLoad = NO_PREFILL,
+                  contexts: Sequence[int] | None = None, fixed_seconds: float = 0.0) -> list[int]:
     """Batch-aware K for the survival rows (DSpark Alg. 1).
 
     a_rows[r] [cap_r]: survival a_{r,1..cap_r} (non-increasing; cap_r = the most row r may verify).
@@ -191,30 +192,42 @@ def plan_survival(a_rows: Sequence[torch.Tensor], fixed_tokens: int, table: Cost
     fixed_tau: their expected committed tokens (default: fixed_tokens, i.e. every other token commits).
     load: the prompt tokens this round admits (spec_decode.costs: a fused prefill prices each verify token at its
     marginal cost after the prompt's tokens in the same pass; a separate one does not move K).
+    contexts [R]: each row's cached tokens (costs.CostTable.row_seconds / token_seconds: a long-context row's verify
+    tokens cost more); fixed_seconds: what the other rows' contexts add to the pass.
     Start at K_r = 0 (every row still verifies its anchor), then admit (r, j) pairs in descending a (ties: lower j,
     then lower r) while Θ = (expected committed tokens) / (decode seconds) does not drop by more than min_gain
-    (relative); stop at the first drop. Decode seconds = step(n₀) for the anchors plus each admitted token's
-    marginal cost (costs.CostTable.marginal_seconds); without a fused prefill that is step(n), Θ = τ·SPS(n)."""
+    (relative); stop at the first drop (with contexts: a row stops at its first drop, the others go on while some
+    row's tokens are cheaper than the stopped ones'). Decode seconds = step(n₀) for the anchors plus each admitted token's
+    marginal cost (costs.CostTable.marginal_seconds, + its row's token_seconds); without a fused prefill or
+    contexts that is step(n), Θ = τ·SPS(n)."""
     n_rows = len(a_rows)
     ks = [0] * n_rows
+    ctx = list(contexts) if contexts is not None else [None] * n_rows
     tokens = fixed_tokens + n_rows
     tau = float(n_rows) + (float(fixed_tokens) if fixed_tau is None else fixed_tau)
-    seconds = table.step_seconds(max(tokens, 1))
-    theta = tau / seconds
+    curve = table.step_seconds(max(tokens, 1))  # the step column's part of the pass
+    extra = fixed_seconds + sum(table.row_seconds(c) for c in ctx)  # what the rows' contexts add to it
+    theta = tau / (curve + extra)
+    per_token = [table.token_seconds(c) for c in ctx]  # [R] what each row's verify token adds past the column
+    closed: set[int] = set()  # rows whose next token did not pay (a dearer row's stop does not stop cheaper rows)
     cand = [(-float(a[j]), j, r) for r, a in enumerate(a_rows) for j in range(len(a))]
     cand.sort()
     for neg_a, j, r in cand:
-        if j != ks[r]:  # keep each row's K a prefix (a is non-increasing, so this only skips ties/noise)
+        if j != ks[r] or r in closed:  # keep each row's K a prefix (a is non-increasing: this only skips ties/noise)
             continue
-        new_seconds = (table.step_seconds(tokens + 1) if load.offset == 0
-                       else seconds + table.marginal_seconds(tokens, load))
-        new_theta = (tau - neg_a) / new_seconds
+        new_curve = (table.step_seconds(tokens + 1) if load.offset == 0
+                     else curve + table.marginal_seconds(tokens, load))
+        new_extra = extra + per_token[r]
+        new_theta = (tau - neg_a) / (new_curve + new_extra)
         if new_theta < theta * (1.0 + min_gain):
-            break
+            closed.add(r)
+            if all(per_token[q] >= per_token[r] for q in range(n_rows) if q not in closed):
+                break  # no open row's token is cheaper: none with a smaller a can pay either
+            continue
         ks[r] += 1
         tokens += 1
         tau -= neg_a
-        theta, seconds = new_theta, new_seconds
+        theta, curve, extra = new_theta, new_curve, new_extra
     return ks
 
 
@@ -252,31 +265,37 @@ def _fold(est: list[float], k: int, accepted: int, w: float, model: Sequence[flo
 
 
 def drafting_gain(est: Sequence[float], cap: int, rows: int, table: CostTable,
-                  load: RoundLoad = NO_PREFILL, sampled: bool = False) -> float:
+                  load: RoundLoad = NO_PREFILL, sampled: bool = False, context: int | None = None) -> float:
     """Best relative throughput of drafting one more row of a `rows`-row round over leaving it plain:
     max_K (rows + Σ_{j≤K} a_j) / (step(rows) + Σ_{i<K} marginal(rows + i) + draft(1)) ÷ (rows / step(rows))
     (marginal: costs.CostTable.marginal_seconds under this round's `load`; without a fused prefill the verify term
     is step(rows + K)), a = observed survival made non-increasing, extended geometrically (the last observed ratio
     a_j / a_{j-1}, or a_1) to positions the policy has not verified yet — else a drafter whose rounds chose small K
     could never show that larger K pays; 0 when nothing can be verified. sampled: the row samples (its drafting
-    costs table.sampled_t1 more). The one-row case of `joint_drafting`."""
+    costs table.sampled_t1 more); context: its cached tokens (a long context makes its verify tokens and its drafter
+    row dearer: costs.CostTable.token_seconds, draft_row_seconds). The one-row case of `joint_drafting`."""
     a = extended_survival(est, cap)
-    return _JointGain(rows, table, load).add(a, sampled) if a else 0.0
+    return _JointGain(rows, table, load, base_extra=table.row_seconds(context)).add(a, sampled, context) if a else 0.0
 
 
 class _JointGain:
     """The relative throughput of drafting a growing set of rows of one `rows`-row round together — one drafter pass
     (its fixed cost draft_t0 paid once) and their verify tokens in one target pass — over leaving them plain, each row
     verifying a common K (≤ its own length): max_K (rows + Σ_r Σ_{j≤min(K, n_r)} a_rj) / (verify(rows + Σ_r min(K, n_r))
-    + draft(shared + m)) ÷ (rows / (step(rows) + draft(shared))); `shared` rows draft this round anyway (probes, other
-    policies): their pass is paid either way, so a decided row adds only its own draft_t1."""
+    + context terms + draft(shared + m)) ÷ (rows / (step(rows) + base_extra + draft(shared))); `shared` rows draft this
+    round anyway (probes, other policies): their pass is paid either way, so a decided row adds only its own draft_t1;
+    base_extra: what the round's rows' contexts add to its pass (CostTable.row_seconds); a row's context prices its
+    verify tokens and its drafter row (token_seconds, draft_row_seconds)."""
 
-    def __init__(self, rows: int, table: CostTable, load: RoundLoad = NO_PREFILL, shared: int = 0) -> None:
-        self.rows, self.table, self.load, self.shared = rows, table, load, shared
+    def __init__(self, rows: int, table: CostTable, load: RoundLoad = NO_PREFILL, shared: int = 0,
+                 base_extra: float = 0.0) -> None:
+        self.rows, self.table, self.load, self.shared, self.base_extra = rows, table, load, shared, base_extra
         self.tokens: list[int] = [0]  # [K] drafted tokens of the set at a common K (index 0: none)
         self.gained: list[float] = [0.0]  # [K] their expected accepted tokens
+        self.extra: list[float] = [0.0]  # [K] what their contexts add to those tokens
         self.m = self.sampled = 0
-        self.base = rows / (table.step_seconds(rows) + table.draft_seconds(shared))
+        self.draft_extra = 0.0  # the set's drafter rows' context terms
+        self.base = rows / (table.step_seconds(rows) + base_extra + table.draft_seconds(shared))
 
     def _verify(self, extra: int) -> float:  # the target pass with `extra` drafted tokens past the rows' anchors
         t, p = self.table, self.load.offset
@@ -284,37 +303,42 @@ class _JointGain:
             return t.step_seconds(self.rows + extra)
         return t.step_seconds(self.rows) + t.step_seconds(p + self.rows + extra) - t.step_seconds(p + self.rows)
 
-    def add(self, a: Sequence[float], sampled: bool = False) -> float:
-        """Add a row whose survival is `a` (non-increasing) → the set's gain."""
+    def add(self, a: Sequence[float], sampled: bool = False, context: int | None = None) -> float:
+        """Add a row whose survival is `a` (non-increasing) and which has `context` cached tokens → the set's gain."""
         n = len(a)
         while len(self.tokens) <= n:  # K past every earlier row's length: each of them verifies its whole length
             self.tokens.append(self.tokens[-1])
             self.gained.append(self.gained[-1])
-        run = 0.0
+            self.extra.append(self.extra[-1])
+        run, per_token = 0.0, self.table.token_seconds(context)
         for K in range(1, len(self.tokens)):
             if K <= n:
                 run += float(a[K - 1])
             self.tokens[K] += min(K, n)
             self.gained[K] += run
+            self.extra[K] += min(K, n) * per_token
         self.m += 1
         self.sampled += int(sampled)
-        draft = self.table.draft_seconds(self.shared + self.m, self.sampled)
-        return max((self.rows + g) / (self._verify(tk) + draft) for tk, g in zip(self.tokens[1:], self.gained[1:])
-                   ) / self.base
+        self.draft_extra += self.table.draft_row_seconds(context)
+        fixed = self.base_extra + self.draft_extra + self.table.draft_seconds(self.shared + self.m, self.sampled)
+        return max((self.rows + g) / (self._verify(tk) + x + fixed)
+                   for tk, g, x in zip(self.tokens[1:], self.gained[1:], self.extra[1:])) / self.base
 
 
 def joint_drafting(ests: Sequence[Sequence[float]], rows: int, table: CostTable, load: RoundLoad = NO_PREFILL,
-                   sampled: Sequence[bool] | None = None, shared: int = 0) -> tuple[list[int], float]:
+                   sampled: Sequence[bool] | None = None, shared: int = 0, contexts: Sequence[int] | None = None,
+                   base_extra: float = 0.0) -> tuple[list[int], float]:
     """Which of the candidate rows to draft together: ests[i] the i-th candidate's extended survival; rows taken in
     descending expected accepted tokens, the prefix whose joint gain (`_JointGain`) is largest → (indices into ests,
     that gain); ([], 0.0) when no candidate has anything to verify. Drafting two rows shares the drafter pass's fixed
     cost, so rows that cannot pay for a pass alone may pay together; their verify tokens share one target pass, so
-    where that pass turns compute-bound more rows pay less."""
+    where that pass turns compute-bound more rows pay less. contexts [len(ests)]: the candidates' cached tokens;
+    base_extra: what all the round's rows' contexts add to its pass (CostTable.row_seconds)."""
     order = sorted((i for i, a in enumerate(ests) if a), key=lambda i: -sum(ests[i]))
-    gain = _JointGain(rows, table, load, shared)
+    gain = _JointGain(rows, table, load, shared, base_extra)
     best, best_m = 0.0, 0
     for m, i in enumerate(order, start=1):
-        g = gain.add(ests[i], bool(sampled[i]) if sampled else False)
+        g = gain.add(ests[i], bool(sampled[i]) if sampled else False, contexts[i] if contexts is not None else None)
         if g > best:
             best, best_m = g, m
     return order[:best_m], best
@@ -337,7 +361,7 @@ def extended_survival(est: Sequence[float], cap: int) -> list[float]:
 
 def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], caps: Sequence[int],
                   table: CostTable, memory: GateMemory | None = None, load: RoundLoad = NO_PREFILL,
-                  sampled: Sequence[bool] | None = None) -> list[int]:
+                  sampled: Sequence[bool] | None = None, contexts: Sequence[int] | None = None) -> list[int]:
     """Draft caps for one round before the drafter runs: survival rows whose observed acceptance cannot pay for a
     drafter pass and its verify tokens get 0 (not drafted) for 1, 2, 4, … rounds (up to max_backoff), then one
     probe round drafts again whatever the estimate says (at most probe_k tokens after a closed spell: enough to see
@@ -347,7 +371,8 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
     rows included — and their verify tokens are priced in one target pass. No row probes after a closed spell in a
     round where even a drafter whose every token is accepted could not pay (a large batch, verify tokens
     compute-bound): it waits another spell (a request's first round, which measures the drafter for the first time,
-    still probes). sampled [B]: the rows that sample (their drafting is priced with table.sampled_t1). Updates
+    still probes). sampled [B]: the rows that sample (their drafting is priced with table.sampled_t1); contexts [B]:
+    the rows' cached tokens (a long-context row's verify tokens and drafter row cost more: costs.CostTable). Updates
     `states` (and `memory`'s backoff and skip: the next request continues them)."""
     out = [max(0, int(c)) for c in caps]
     rows = len(out)
@@ -384,8 +409,10 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
             memory.backoff, memory.skip_left, memory.probe = st.backoff, st.skip_left, st.probe
     if deciding:
         ests = [extended_survival(states[r].survival_est, out[r]) for r in deciding]
-        chosen, gain = joint_drafting(ests, rows, table, load, [bool(sampled[r]) for r in deciding]
-                                      if sampled else None, shared)
+        chosen, gain = joint_drafting(
+            ests, rows, table, load, [bool(sampled[r]) for r in deciding] if sampled else None, shared,
+            [contexts[r] for r in deciding] if contexts is not None else None,
+            sum(table.row_seconds(c) for c in contexts) if contexts is not None else 0.0)
         picked = {deciding[i] for i in chosen}
         for r in deciding:
             cfg, st = cfgs[r], states[r]
@@ -412,6 +439,7 @@ def schedule_batch(
     table: CostTable,
     fixed_other_tokens: int = 0,
     load: RoundLoad = NO_PREFILL,  # the prompt tokens this round admits (spec_decode.costs)
+    contexts: Sequence[int] | None = None,  # [B] the rows' cached tokens (CostTable.row_seconds)
 ) -> list[int]:
     """K for every row of one round: policy K (survival rows jointly, priced under the round's prefill `load`),
     capped by caps and the draft-side early stop. Rows in the same order as conf."""
@@ -438,6 +466,9 @@ def schedule_batch(
         for r in other_rows:  # expected committed tokens of the non-survival rows
             a = survival(conf[r, :ks[r]]) if conf is not None else fallback_survival(states[r].ema, ks[r])
             other_tau += 1.0 + float(a.sum())
-        for r, kr in zip(surv_rows, plan_survival(surv_a, others, table, fixed_tau=other_tau, load=load)):
+        ctx = None if contexts is None else [contexts[r] for r in surv_rows]
+        other_s = 0.0 if contexts is None else sum(table.row_seconds(contexts[r], 1 + ks[r]) for r in other_rows)
+        for r, kr in zip(surv_rows, plan_survival(surv_a, others, table, fixed_tau=other_tau, load=load,
+                                                  contexts=ctx, fixed_seconds=other_s)):
             ks[r] = kr
     return ks

@@ -11,12 +11,11 @@ import torch
 
 from dspark_trt.runtime.backend import SpecBackend
 from dspark_trt.runtime.hf_loader import load_hf_checkpoint
-from dspark_trt.runtime.profile import PASS_POINTS, profile_costs
+from dspark_trt.runtime.profile import LONG_CONTEXT, PASS_POINTS, profile_costs
 from dspark_trt.spec_decode.costs import CostTable, RoundLoad
 
 
-@pytest.fixture(scope="module")
-def backend(tiny_pair) -> SpecBackend:  # noqa: ANN001
+def _backend(tiny_pair, max_seq: int) -> SpecBackend:  # noqa: ANN001
     from dspark_trt.runtime.drafters import DSparkConfig, DSparkDrafter, DSparkModel
 
     target = load_hf_checkpoint(tiny_pair.target, dtype=torch.float32)
@@ -27,7 +26,12 @@ def backend(tiny_pair) -> SpecBackend:  # noqa: ANN001
     torch.manual_seed(0)
     model = DSparkModel(cfg).float()
     model.attach_target(target.embed_tokens.weight, target.lm_head_weight)
-    return SpecBackend(target, DSparkDrafter(model), max_batch=2, max_seq=256)
+    return SpecBackend(target, DSparkDrafter(model), max_batch=2, max_seq=max_seq)
+
+
+@pytest.fixture(scope="module")
+def backend(tiny_pair) -> SpecBackend:  # noqa: ANN001
+    return _backend(tiny_pair, 256)
 
 
 def test_profile_covers_verify_and_pass_sizes(backend: SpecBackend, tmp_path: Path) -> None:
@@ -44,6 +48,18 @@ def test_profile_covers_verify_and_pass_sizes(backend: SpecBackend, tmp_path: Pa
     path.write_text(json.dumps(table.to_json()))
     assert CostTable.from_json(path) == table
     assert int(backend.cache.lengths[:2].sum()) == 0  # the profile's slots are free again
+    assert table.context == table.ctx_t0 == table.ctx_t1 == 0  # no room for a long context: context-blind
+
+
+def test_profile_measures_what_a_long_context_adds(tiny_pair) -> None:  # noqa: ANN001
+    """With room for LONG_CONTEXT cached tokens, the same passes are timed at 64 and at LONG_CONTEXT: a row's
+    attention over the extra tokens is priced per cached token (the table's context terms)."""
+    backend = _backend(tiny_pair, LONG_CONTEXT + 64)
+    table = profile_costs(backend, 5, reps=3, pass_tokens=16)
+    assert table.context == 64
+    assert table.row_seconds(LONG_CONTEXT, 1) > 0  # one token over 1,024 cached ones costs more than over 64
+    assert min(table.ctx_t0, table.ctx_t1, table.draft_ctx) >= 0
+    assert int(backend.cache.lengths[:2].sum()) == 0
 
 
 def test_pass_tokens_bounds_the_sparse_points(backend: SpecBackend) -> None:

@@ -4,12 +4,17 @@ flat stretch or a linear table change nothing), a prefill in its own pass never 
 cost, the loop hands the admitted prompt tokens to the rule, and output stays the target's greedy output."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
 import torch
 
+from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.costs import NO_PREFILL, CostTable, RoundLoad
 from dspark_trt.spec_decode.executor import BackendExecutor
 from dspark_trt.spec_decode.loop import LoopConfig, Request, RoundScheduler
-from dspark_trt.spec_decode.scheduler import PolicyConfig, drafting_gain, plan_survival
+from dspark_trt.spec_decode.scheduler import PolicyConfig, PolicyState, drafting_gain, plan_drafting, plan_survival
 
 # memory-bound up to 64 tokens in a pass (each token +0.5 % of a step), compute-bound past it (+3 % per token):
 # a CPU/GPU-like knee. Relative units.
@@ -93,3 +98,53 @@ def test_loop_prices_the_admission_round_with_its_prompt(ref_backend, greedy_ora
     assert k_own[0] > 0  # the same round with the prefill in its own pass drafts as any other
     want = greedy_oracle(tiny_models["target"], prompt, 12)
     assert out_fused == want and out_own == want
+
+
+# the KNEE's step column profiled at 64 cached tokens; a row pays 1e-4 of a step per cached token past them and
+# each of its query tokens 2e-5 more (a 1,000-token row: +9 % of a step for its anchor, +1.9 % per verify token)
+CTX = CostTable(KNEE.tokens, KNEE.seconds, draft_t0=0.2, context=64, ctx_t0=1e-4, ctx_t1=2e-5, draft_ctx=5e-5)
+
+
+def test_context_terms_price_a_long_rows_tokens() -> None:
+    assert CTX.row_seconds(64) == CTX.row_seconds(10) == CTX.row_seconds(None) == 0.0  # within the profiled context
+    assert CTX.row_seconds(1064, 3) == pytest.approx(1000 * (1e-4 + 3 * 2e-5))
+    assert CTX.token_seconds(1064) == pytest.approx(0.02) and CTX.draft_row_seconds(1064) == pytest.approx(0.05)
+    blind = CostTable(KNEE.tokens, KNEE.seconds, draft_t0=0.2)  # an old table: context-blind
+    assert blind.row_seconds(5000, 8) == blind.token_seconds(5000) == blind.draft_row_seconds(5000) == 0.0
+    with pytest.raises(InvalidArgumentError, match="context"):
+        CostTable((1,), (1.0,), ctx_t1=-1.0)
+
+
+def test_cost_table_json_keeps_the_context_terms(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(CTX.to_json()))
+    assert CostTable.from_json(path) == CTX
+    old = CTX.to_json()
+    del old["context"]  # a table written before the context terms: read as context-blind
+    path.write_text(json.dumps(old))
+    assert CostTable.from_json(path) == CostTable(KNEE.tokens, KNEE.seconds, draft_t0=0.2)
+
+
+def test_long_context_rows_verify_fewer_tokens() -> None:
+    """A long-context row's verify tokens cost its attention over every cached token: with the same survival, it
+    verifies fewer of them than a short-context row in the same round; contexts within the profiled one change
+    nothing."""
+    assert plan_survival(A, 0, CTX, contexts=[64] * 4) == plan_survival(A, 0, CTX) == plan_survival(A, 0, KNEE)
+    ks = plan_survival(A, 0, CTX, contexts=[64, 3000, 64, 3000])
+    assert ks[0] == ks[2] == 7 and 0 < min(ks[1], ks[3]) <= max(ks[1], ks[3]) < 7  # (ties: the first row first)
+    # the other rows' contexts make the pass dearer, which makes a short row's token relatively cheaper: never fewer
+    assert plan_survival(A[:1], 4, CTX, contexts=[64], fixed_seconds=CTX.row_seconds(3000, 2)) == [7]
+
+
+def test_gate_weighs_a_rows_context() -> None:
+    est = [0.3, 0.1, 0.03]
+    assert drafting_gain(est, 3, 1, CTX, context=64) == pytest.approx(drafting_gain(est, 3, 1, KNEE))
+    assert drafting_gain(est, 3, 1, CTX, context=20000) < 1.0 < drafting_gain(est, 3, 1, CTX, context=64)
+    cfg = PolicyConfig(policy="survival", max_k=3)
+
+    def drafted(context: int) -> int:
+        st = PolicyState.initial(cfg)
+        st.survival_est, st.probe = list(est), False
+        return plan_drafting([cfg], [st], [3], CTX, contexts=[context])[0]
+
+    assert drafted(64) == 3 and drafted(20000) == 0
