@@ -102,6 +102,7 @@ class PolicyState:
     skip_left: int = 0  # survival gate: rounds left without drafting
     backoff: int = 1  # survival gate: length of the next skip
     probe: bool = True  # survival gate: draft this round whatever the estimate says (first round, after a skip)
+    inherited_skip: bool = False  # survival gate: skip_left came from an earlier request (GateMemory), not this one
 
     @classmethod
     def initial(cls, cfg: PolicyConfig, memory: "GateMemory | None" = None) -> "PolicyState":
@@ -112,7 +113,8 @@ class PolicyState:
             st.survival_est = list(memory.survival_est)
             st.observed = min(memory.observed, GateMemory.PRIOR_ROUNDS)  # its own rounds soon outweigh the prior
             st.backoff = min(memory.backoff, cfg.max_backoff)
-            st.skip_left = min(memory.skip_left, cfg.max_backoff)  # a skip in progress goes on
+            st.skip_left = min(memory.skip_left, cfg.max_backoff)  # a skip in progress goes on (unless this request
+            st.inherited_skip = st.skip_left > 0  # pays: plan_drafting weighs it at its own context first)
             st.probe = memory.probe  # else decided by the inherited estimate
         return st
 
@@ -197,8 +199,8 @@ def plan_survival(a_rows: Sequence[torch.Tensor], fixed_tokens: int, table: Cost
     Start at K_r = 0 (every row still verifies its anchor), then admit (r, j) pairs in descending a (ties: lower j,
     then lower r) while Θ = (expected committed tokens) / (decode seconds) does not drop by more than min_gain
     (relative); stop at the first drop (with contexts: a row stops at its first drop, the others go on while some
-    row's tokens are cheaper than the stopped ones'). Decode seconds = step(n₀) for the anchors plus each admitted token's
-    marginal cost (costs.CostTable.marginal_seconds, + its row's token_seconds); without a fused prefill or
+    row's tokens are cheaper than the stopped ones'). Decode seconds = step(n₀) for the anchors plus each admitted
+    token's marginal cost (costs.CostTable.marginal_seconds, + its row's token_seconds); without a fused prefill or
     contexts that is step(n), Θ = τ·SPS(n)."""
     n_rows = len(a_rows)
     ks = [0] * n_rows
@@ -281,11 +283,12 @@ def drafting_gain(est: Sequence[float], cap: int, rows: int, table: CostTable,
 class _JointGain:
     """The relative throughput of drafting a growing set of rows of one `rows`-row round together — one drafter pass
     (its fixed cost draft_t0 paid once) and their verify tokens in one target pass — over leaving them plain, each row
-    verifying a common K (≤ its own length): max_K (rows + Σ_r Σ_{j≤min(K, n_r)} a_rj) / (verify(rows + Σ_r min(K, n_r))
-    + context terms + draft(shared + m)) ÷ (rows / (step(rows) + base_extra + draft(shared))); `shared` rows draft this
-    round anyway (probes, other policies): their pass is paid either way, so a decided row adds only its own draft_t1;
-    base_extra: what the round's rows' contexts add to its pass (CostTable.row_seconds); a row's context prices its
-    verify tokens and its drafter row (token_seconds, draft_row_seconds)."""
+    verifying a common K (≤ its own length): max_K (rows + Σ_r Σ_{j≤min(K, n_r)} a_rj) /
+    (verify(rows + Σ_r min(K, n_r)) + context terms + draft(shared + m)) ÷ (rows / (step(rows) + base_extra +
+    draft(shared))); `shared` rows draft this round anyway (probes, other policies): their pass is paid either way,
+    so a decided row adds only its own draft_t1; base_extra: what the round's rows' contexts add to its pass
+    (CostTable.row_seconds); a row's context prices its verify tokens and its drafter row (token_seconds,
+    draft_row_seconds)."""
 
     def __init__(self, rows: int, table: CostTable, load: RoundLoad = NO_PREFILL, shared: int = 0,
                  base_extra: float = 0.0) -> None:
@@ -371,7 +374,9 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
     rows included — and their verify tokens are priced in one target pass. No row probes after a closed spell in a
     round where even a drafter whose every token is accepted could not pay (a large batch, verify tokens
     compute-bound): it waits another spell (a request's first round, which measures the drafter for the first time,
-    still probes). sampled [B]: the rows that sample (their drafting is priced with table.sampled_t1); contexts [B]:
+    still probes). A skip a request inherited from an earlier one (GateMemory) goes on only where the shared estimate
+    does not pay at this row's context: a long-context request that closed the gate does not close it for the
+    short-context requests after it. sampled [B]: the rows that sample (their drafting is priced with table.sampled_t1); contexts [B]:
     the rows' cached tokens (a long-context row's verify tokens and drafter row cost more: costs.CostTable). Updates
     `states` (and `memory`'s backoff and skip: the next request continues them)."""
     out = [max(0, int(c)) for c in caps]
@@ -385,6 +390,11 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
         if cfg.policy != "survival" or not cfg.gate:
             shared += 1
             continue
+        if st.inherited_skip:  # an earlier request's closed spell: it may have closed for its own context or text
+            st.inherited_skip = False
+            if drafting_gain(st.survival_est, out[r], rows, table, load, bool(sampled[r]) if sampled else False,
+                             contexts[r] if contexts is not None else None) >= 1.0 + cfg.gate_margin:
+                st.skip_left, st.backoff, st.probe = 0, 1, False  # the shared estimate pays here: decide now
         if st.skip_left > 0:
             st.skip_left -= 1
             st.probe = st.skip_left == 0

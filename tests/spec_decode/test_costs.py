@@ -14,7 +14,8 @@ from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.costs import NO_PREFILL, CostTable, RoundLoad
 from dspark_trt.spec_decode.executor import BackendExecutor
 from dspark_trt.spec_decode.loop import LoopConfig, Request, RoundScheduler
-from dspark_trt.spec_decode.scheduler import PolicyConfig, PolicyState, drafting_gain, plan_drafting, plan_survival
+from dspark_trt.spec_decode.scheduler import (GateMemory, PolicyConfig, PolicyState, drafting_gain, plan_drafting,
+                                              plan_survival)
 
 # memory-bound up to 64 tokens in a pass (each token +0.5 % of a step), compute-bound past it (+3 % per token):
 # a CPU/GPU-like knee. Relative units.
@@ -148,3 +149,22 @@ def test_gate_weighs_a_rows_context() -> None:
         return plan_drafting([cfg], [st], [3], CTX, contexts=[context])[0]
 
     assert drafted(64) == 3 and drafted(20000) == 0
+
+
+def test_an_inherited_skip_is_weighed_at_the_new_requests_context() -> None:
+    """A closed spell inherited from an earlier request (GateMemory) — e.g. a long code context the drafter could not
+    pay for — goes on only where the shared estimate does not pay at the new request's own context."""
+    cfg = PolicyConfig(policy="survival", max_k=3)
+
+    def memory() -> GateMemory:
+        return GateMemory(survival_est=[0.3, 0.1, 0.03], observed=50, backoff=8, skip_left=7)
+
+    short = PolicyState.initial(cfg, memory())
+    assert short.skip_left == 7 and short.inherited_skip
+    assert plan_drafting([cfg], [short], [3], CTX, contexts=[64]) == [3]  # pays at its context: drafts at once
+    assert short.backoff == 1 and short.skip_left == 0
+    long = PolicyState.initial(cfg, memory())
+    assert plan_drafting([cfg], [long], [3], CTX, contexts=[20000]) == [0]  # does not pay there: the skip goes on
+    assert long.skip_left == 6 and long.backoff == 8 and not long.inherited_skip
+    useless = GateMemory(survival_est=[0.0, 0.0, 0.0], observed=50, backoff=64, skip_left=40)
+    assert plan_drafting([cfg], [PolicyState.initial(cfg, useless)], [3], CTX, contexts=[64]) == [0]
