@@ -109,6 +109,8 @@ class PolicyState:
         """A new request's state; a gated survival request starts from `memory` (what earlier requests measured)."""
         k = cfg.ceiling(cfg.min_k)
         st = cls(k=k, ema=cfg.weights.ema_init)
+        if memory is not None:
+            memory = memory.of(cfg.proposers)
         if memory is not None and cfg.policy == "survival" and cfg.gate and memory.survival_est:
             st.survival_est = list(memory.survival_est)
             st.observed = min(memory.observed, GateMemory.PRIOR_ROUNDS)  # its own rounds soon outweigh the prior
@@ -125,7 +127,9 @@ class GateMemory:
     gated rounds (EMA) and the current backoff. Requests read it when they start (PolicyState.initial) and fold
     their rounds and gate decisions into it, so a drafter that does not pay is probed every max_backoff rounds of
     the whole stream instead of 1, 2, 4, … rounds into every request. Mutable, one per RoundScheduler owner;
-    with several gated requests in flight it follows the one decided last."""
+    with several gated requests in flight it follows the one decided last. Requests with other proposers than the
+    DSpark block alone keep their own (`of`): a hybrid row drafts only the rounds its suffix match did not win, so
+    its DSpark rounds are another sample of the drafter's acceptance."""
 
     PRIOR_ROUNDS = 3  # a new request weighs the shared estimate like this many of its own rounds
     survival_est: list[float] = field(default_factory=list)
@@ -133,6 +137,12 @@ class GateMemory:
     backoff: int = 1  # length of the next skip
     skip_left: int = 0  # rounds of the current skip still to go
     probe: bool = False  # the next round is a probe
+    others: dict[tuple[str, ...], "GateMemory"] = field(default_factory=dict)  # proposer set → its memory
+
+    def of(self, proposers: Sequence[str]) -> "GateMemory":
+        """The memory of the requests whose proposers are `proposers`: this one for the DSpark block alone."""
+        key = tuple(proposers)
+        return self if key == ("dspark",) else self.others.setdefault(key, GateMemory())
 
     def observe(self, k: int, accepted: int, floor_weight: float = 0.02,
                 model: Sequence[float] | None = None) -> None:
@@ -176,7 +186,7 @@ def observe(cfg: PolicyConfig, state: PolicyState, k: int, accepted: int,
     if k >= 1 or model:
         observe_survival(state, k, accepted, model=model)
         if memory is not None and cfg.policy == "survival" and cfg.gate:
-            memory.observe(k, accepted, model=model)
+            memory.of(cfg.proposers).observe(k, accepted, model=model)
     conf = confidence_score(avg_top1, avg_margin, state.ema, cfg.weights)
     if cfg.policy == "confidence":
         state.k = confidence_next_k(cfg, conf, state.k, k, accepted)
@@ -416,7 +426,8 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
             deciding.append(r)
             continue
         if memory is not None:
-            memory.backoff, memory.skip_left, memory.probe = st.backoff, st.skip_left, st.probe
+            mem = memory.of(cfg.proposers)
+            mem.backoff, mem.skip_left, mem.probe = st.backoff, st.skip_left, st.probe
     if deciding:
         ests = [extended_survival(states[r].survival_est, out[r]) for r in deciding]
         chosen, gain = joint_drafting(
@@ -434,7 +445,8 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
                 st.probe = st.skip_left == 0
                 st.backoff = min(2 * st.backoff, cfg.max_backoff)
             if memory is not None:
-                memory.backoff, memory.skip_left, memory.probe = st.backoff, st.skip_left, st.probe
+                mem = memory.of(cfg.proposers)
+                mem.backoff, mem.skip_left, mem.probe = st.backoff, st.skip_left, st.probe
     return out
 
 

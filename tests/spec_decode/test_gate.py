@@ -357,3 +357,21 @@ def test_joint_drafting_picks_the_rows_a_compute_bound_pass_can_carry() -> None:
     assert joint_drafting([[]], 4, table) == ([], 0.0)  # nothing to verify: no row
     chosen, gain = joint_drafting([[], [0.0]], 4, table)  # nothing accepted: the best set still loses (the gate closes)
     assert chosen == [1] and gain < 1.0
+
+
+def test_hybrid_requests_keep_their_own_gate_memory() -> None:
+    """A hybrid row drafts only the rounds its suffix match did not win: its DSpark rounds are another sample of the
+    drafter, so they neither lower nor close the DSpark-alone requests' shared gate (and the other way round)."""
+    memory = GateMemory()
+    alone = PolicyConfig(policy="survival", max_k=4)
+    hybrid = PolicyConfig(policy="survival", max_k=4, proposers=("dspark", "suffix"))
+    st = PolicyState.initial(hybrid, memory)
+    for _ in range(30):  # the hybrid's drafted rounds accept nothing; its gate closes
+        if plan_drafting([hybrid], [st], [4], TABLE, memory)[0]:
+            observe(hybrid, st, 4, 0, [0.5] * 5, [0.1] * 5, memory)
+    mine = memory.of(("dspark", "suffix"))
+    assert mine.survival_est[0] == 0.0 and mine.backoff > 1
+    assert memory.survival_est == [] and memory.backoff == 1 and memory.skip_left == 0  # DSpark alone: untouched
+    fresh = PolicyState.initial(alone, memory)
+    assert fresh.probe and fresh.survival_est == [] and fresh.skip_left == 0
+    assert PolicyState.initial(hybrid, memory).survival_est == mine.survival_est  # the next hybrid request inherits
