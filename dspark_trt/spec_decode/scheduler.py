@@ -36,7 +36,7 @@ from dspark_trt.spec_decode.costs import NO_PREFILL, CostTable, RoundLoad
 from dspark_trt.spec_decode.policies import POLICIES, PROPOSERS, canonical_policy, parse_proposers
 
 __all__ = ["POLICIES", "PROPOSERS", "PolicyConfig", "PolicyState", "GateMemory", "CostTable", "RoundLoad", "plan_survival", "plan_drafting",
-           "drafting_gain", "joint_drafting", "extended_survival", "observe_survival", "schedule_batch", "confidence_next_k", "verify_cap"]
+           "drafting_gain", "extended_survival", "observe_survival", "schedule_batch", "confidence_next_k", "verify_cap"]
 
 
 @dataclass(frozen=True)
@@ -279,82 +279,27 @@ def _fold(est: list[float], k: int, accepted: int, w: float, model: Sequence[flo
 def drafting_gain(est: Sequence[float], cap: int, rows: int, table: CostTable,
                   load: RoundLoad = NO_PREFILL, sampled: bool = False, context: int | None = None) -> float:
     """Best relative throughput of drafting one more row of a `rows`-row round over leaving it plain:
-    max_K (rows + Σ_{j≤K} a_j) / (step(rows) + Σ_{i<K} marginal(rows + i) + draft(1)) ÷ (rows / step(rows))
-    (marginal: costs.CostTable.marginal_seconds under this round's `load`; without a fused prefill the verify term
-    is step(rows + K)), a = observed survival made non-increasing, extended geometrically (the last observed ratio
-    a_j / a_{j-1}, or a_1) to positions the policy has not verified yet — else a drafter whose rounds chose small K
-    could never show that larger K pays; 0 when nothing can be verified. sampled: the row samples (its drafting
-    costs table.sampled_t1 more); context: its cached tokens (a long context makes its verify tokens and its drafter
-    row dearer: costs.CostTable.token_seconds, draft_row_seconds). The one-row case of `joint_drafting`."""
+    max_K (rows + Σ_{j≤K} a_j) / (step(rows) + Σ_{i<K} marginal(rows + i) + K·tok + x + draft(1) + dx) ÷
+    (rows / (step(rows) + x)) (marginal: costs.CostTable.marginal_seconds under this round's `load`; without a fused
+    prefill the verify term is step(rows + K)), a = observed survival made non-increasing, extended geometrically (the
+    last observed ratio a_j / a_{j-1}, or a_1) to positions the policy has not verified yet — else a drafter whose
+    rounds chose small K could never show that larger K pays; 0 when nothing can be verified. sampled: the row
+    samples (its drafting costs table.sampled_t1 more); context: its cached tokens — x = its anchor's attention past
+    the profiled context, tok = each verify token's, dx = its drafter row's (CostTable.row_seconds, token_seconds,
+    draft_row_seconds): a long context makes its verify tokens and its drafter row dearer."""
     a = extended_survival(est, cap)
-    return _JointGain(rows, table, load, base_extra=table.row_seconds(context)).add(a, sampled, context) if a else 0.0
-
-
-class _JointGain:
-    """The relative throughput of drafting a growing set of rows of one `rows`-row round together — one drafter pass
-    (its fixed cost draft_t0 paid once) and their verify tokens in one target pass — over leaving them plain, each row
-    verifying a common K (≤ its own length): max_K (rows + Σ_r Σ_{j≤min(K, n_r)} a_rj) /
-    (verify(rows + Σ_r min(K, n_r)) + context terms + draft(shared + m)) ÷ (rows / (step(rows) + base_extra +
-    draft(shared))); `shared` rows draft this round anyway (probes, other policies): their pass is paid either way,
-    so a decided row adds only its own draft_t1; base_extra: what the round's rows' contexts add to its pass
-    (CostTable.row_seconds); a row's context prices its verify tokens and its drafter row (token_seconds,
-    draft_row_seconds)."""
-
-    def __init__(self, rows: int, table: CostTable, load: RoundLoad = NO_PREFILL, shared: int = 0,
-                 base_extra: float = 0.0) -> None:
-        self.rows, self.table, self.load, self.shared, self.base_extra = rows, table, load, shared, base_extra
-        self.tokens: list[int] = [0]  # [K] drafted tokens of the set at a common K (index 0: none)
-        self.gained: list[float] = [0.0]  # [K] their expected accepted tokens
-        self.extra: list[float] = [0.0]  # [K] what their contexts add to those tokens
-        self.m = self.sampled = 0
-        self.draft_extra = 0.0  # the set's drafter rows' context terms
-        self.base = rows / (table.step_seconds(rows) + base_extra + table.draft_seconds(shared))
-
-    def _verify(self, extra: int) -> float:  # the target pass with `extra` drafted tokens past the rows' anchors
-        t, p = self.table, self.load.offset
-        if p == 0:
-            return t.step_seconds(self.rows + extra)
-        return t.step_seconds(self.rows) + t.step_seconds(p + self.rows + extra) - t.step_seconds(p + self.rows)
-
-    def add(self, a: Sequence[float], sampled: bool = False, context: int | None = None) -> float:
-        """Add a row whose survival is `a` (non-increasing) and which has `context` cached tokens → the set's gain."""
-        n = len(a)
-        while len(self.tokens) <= n:  # K past every earlier row's length: each of them verifies its whole length
-            self.tokens.append(self.tokens[-1])
-            self.gained.append(self.gained[-1])
-            self.extra.append(self.extra[-1])
-        run, per_token = 0.0, self.table.token_seconds(context)
-        for K in range(1, len(self.tokens)):
-            if K <= n:
-                run += float(a[K - 1])
-            self.tokens[K] += min(K, n)
-            self.gained[K] += run
-            self.extra[K] += min(K, n) * per_token
-        self.m += 1
-        self.sampled += int(sampled)
-        self.draft_extra += self.table.draft_row_seconds(context)
-        fixed = self.base_extra + self.draft_extra + self.table.draft_seconds(self.shared + self.m, self.sampled)
-        return max((self.rows + g) / (self._verify(tk) + x + fixed)
-                   for tk, g, x in zip(self.tokens[1:], self.gained[1:], self.extra[1:])) / self.base
-
-
-def joint_drafting(ests: Sequence[Sequence[float]], rows: int, table: CostTable, load: RoundLoad = NO_PREFILL,
-                   sampled: Sequence[bool] | None = None, shared: int = 0, contexts: Sequence[int] | None = None,
-                   base_extra: float = 0.0) -> tuple[list[int], float]:
-    """Which of the candidate rows to draft together: ests[i] the i-th candidate's extended survival; rows taken in
-    descending expected accepted tokens, the prefix whose joint gain (`_JointGain`) is largest → (indices into ests,
-    that gain); ([], 0.0) when no candidate has anything to verify. Drafting two rows shares the drafter pass's fixed
-    cost, so rows that cannot pay for a pass alone may pay together; their verify tokens share one target pass, so
-    where that pass turns compute-bound more rows pay less. contexts [len(ests)]: the candidates' cached tokens;
-    base_extra: what all the round's rows' contexts add to its pass (CostTable.row_seconds)."""
-    order = sorted((i for i, a in enumerate(ests) if a), key=lambda i: -sum(ests[i]))
-    gain = _JointGain(rows, table, load, shared, base_extra)
-    best, best_m = 0.0, 0
-    for m, i in enumerate(order, start=1):
-        g = gain.add(ests[i], bool(sampled[i]) if sampled else False, contexts[i] if contexts is not None else None)
-        if g > best:
-            best, best_m = g, m
-    return order[:best_m], best
+    if not a:
+        return 0.0
+    x, tok = table.row_seconds(context), table.token_seconds(context)
+    base = rows / (table.step_seconds(rows) + x)
+    fixed = x + table.draft_seconds(1, int(sampled)) + table.draft_row_seconds(context)
+    best, gained, verify = 0.0, 0.0, table.step_seconds(rows)
+    for K, aj in enumerate(a, start=1):
+        gained += aj
+        verify = table.step_seconds(rows + K) if load.offset == 0 else verify + table.marginal_seconds(rows + K - 1,
+                                                                                                       load)
+        best = max(best, (rows + gained) / (verify + K * tok + fixed) / base)
+    return best
 
 
 def extended_survival(est: Sequence[float], cap: int) -> list[float]:
@@ -379,31 +324,25 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
     drafter pass and its verify tokens get 0 (not drafted) for 1, 2, 4, … rounds (up to max_backoff), then one
     probe round drafts again whatever the estimate says (at most probe_k tokens after a closed spell: enough to see
     whether a_1, a_2 recovered, without paying a long verify for a drafter that does not pay). Other policies keep
-    their caps. The rows that decide by their estimate decide together (`joint_drafting`): one drafter pass serves
-    every drafted row, so its fixed cost is shared by the rows drafted together — the probes' and other policies'
-    rows included — and their verify tokens are priced in one target pass. No row probes after a closed spell in a
-    round where even a drafter whose every token is accepted could not pay (a large batch, verify tokens
-    compute-bound): it waits another spell (a request's first round, which measures the drafter for the first time,
-    still probes). A skip a request inherited from an earlier one (GateMemory) goes on only where the shared estimate
-    does not pay at this row's context: a long-context request that closed the gate does not close it for the
-    short-context requests after it. sampled [B]: the rows that sample (their drafting is priced with table.sampled_t1); contexts [B]:
-    the rows' cached tokens (a long-context row's verify tokens and drafter row cost more: costs.CostTable). Updates
-    `states` (and `memory`'s backoff and skip: the next request continues them)."""
+    their caps. No row probes after a closed spell in a round where even a drafter whose every token is accepted
+    could not pay (a large batch, verify tokens compute-bound): it waits another spell (a request's first round,
+    which measures the drafter for the first time, still probes). A skip a request inherited from an earlier one
+    (GateMemory) goes on only where the shared estimate does not pay at this row's context: a long-context request
+    that closed the gate does not close it for the short-context requests after it. sampled [B]: the rows that
+    sample (their drafting is priced with table.sampled_t1); contexts [B]: the rows' cached tokens (a long-context
+    row's verify tokens and drafter row cost more: costs.CostTable). Updates `states` (and `memory`'s backoff and
+    skip: the next request continues them)."""
     out = [max(0, int(c)) for c in caps]
     rows = len(out)
     hopeless: dict[int, bool] = {}  # cap → even a drafter whose every token is accepted cannot pay in this round
-    deciding: list[int] = []  # rows whose estimate decides (after the skips and probes below)
-    shared = 0  # rows that draft this round whatever the estimates say (probes, other policies, gate off)
     for r, (cfg, st) in enumerate(zip(cfgs, states)):
-        if out[r] == 0:
+        if cfg.policy != "survival" or not cfg.gate or out[r] == 0:
             continue
-        if cfg.policy != "survival" or not cfg.gate:
-            shared += 1
-            continue
+        ctx = contexts[r] if contexts is not None else None
+        samples = bool(sampled[r]) if sampled else False
         if st.inherited_skip:  # an earlier request's closed spell: it may have closed for its own context or text
             st.inherited_skip = False
-            if drafting_gain(st.survival_est, out[r], rows, table, load, bool(sampled[r]) if sampled else False,
-                             contexts[r] if contexts is not None else None) >= 1.0 + cfg.gate_margin:
+            if drafting_gain(st.survival_est, out[r], rows, table, load, samples, ctx) >= 1.0 + cfg.gate_margin:
                 st.skip_left, st.backoff, st.probe = 0, 1, False  # the shared estimate pays here: decide now
         if st.skip_left > 0:
             st.skip_left -= 1
@@ -419,34 +358,19 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
             out[r] = 0
         elif st.probe:  # drafts whatever the estimate says (no estimate yet: the drafter chose K = 0 → backoff)
             st.probe = False
-            shared += 1
             if st.backoff > 1:  # a probe after a closed spell re-measures a_1..a_probe_k, at a short verify's cost
                 out[r] = min(out[r], cfg.probe_k)
+        elif drafting_gain(st.survival_est, out[r], rows, table, load, samples, ctx) >= (
+                1.0 - cfg.gate_hysteresis if st.backoff == 1 else 1.0 + cfg.gate_margin):
+            st.backoff = 1  # open: stays open until drafting clearly loses (acceptance comes in bursts)
         else:
-            deciding.append(r)
-            continue
+            out[r] = 0
+            st.skip_left = st.backoff - 1
+            st.probe = st.skip_left == 0
+            st.backoff = min(2 * st.backoff, cfg.max_backoff)
         if memory is not None:
             mem = memory.of(cfg.proposers)
             mem.backoff, mem.skip_left, mem.probe = st.backoff, st.skip_left, st.probe
-    if deciding:
-        ests = [extended_survival(states[r].survival_est, out[r]) for r in deciding]
-        chosen, gain = joint_drafting(
-            ests, rows, table, load, [bool(sampled[r]) for r in deciding] if sampled else None, shared,
-            [contexts[r] for r in deciding] if contexts is not None else None,
-            sum(table.row_seconds(c) for c in contexts) if contexts is not None else 0.0)
-        picked = {deciding[i] for i in chosen}
-        for r in deciding:
-            cfg, st = cfgs[r], states[r]
-            if r in picked and gain >= (1.0 - cfg.gate_hysteresis if st.backoff == 1 else 1.0 + cfg.gate_margin):
-                st.backoff = 1  # open: stays open until drafting clearly loses (acceptance comes in bursts)
-            else:
-                out[r] = 0
-                st.skip_left = st.backoff - 1
-                st.probe = st.skip_left == 0
-                st.backoff = min(2 * st.backoff, cfg.max_backoff)
-            if memory is not None:
-                mem = memory.of(cfg.proposers)
-                mem.backoff, mem.skip_left, mem.probe = st.backoff, st.skip_left, st.probe
     return out
 
 

@@ -11,8 +11,7 @@ import torch
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.loop import LoopConfig, generate
 from dspark_trt.spec_decode.protocols import DraftBlock
-from dspark_trt.spec_decode.scheduler import (CostTable, GateMemory, PolicyConfig, PolicyState, drafting_gain,
-                                              joint_drafting, observe,
+from dspark_trt.spec_decode.scheduler import (CostTable, GateMemory, PolicyConfig, PolicyState, drafting_gain, observe,
                                               observe_survival, plan_drafting)
 
 # verify of 1..9 tokens: 1.00 1.05 … 1.40 (relative), drafter pass 0.2 of a step: a CPU-like profile
@@ -316,47 +315,6 @@ def test_no_probe_where_even_a_perfect_drafter_cannot_pay() -> None:
     # a request's first round measures the drafter for the first time: it probes whatever the batch
     fresh = [PolicyState.initial(cfg) for _ in range(32)]
     assert plan_drafting([cfg] * 32, fresh, [4] * 32, table) == [4] * 32
-
-
-def test_rows_that_cannot_pay_for_a_drafter_pass_alone_pay_together() -> None:
-    """One drafter pass serves every drafted row: its fixed cost is paid once, so two rows whose acceptance cannot pay
-    for a pass each draft when they share it — and a row next to a probe (whose pass is paid anyway) pays only its
-    own draft_t1."""
-    table = CostTable(tuple(range(1, 10)), tuple(1.0 + 0.05 * i for i in range(9)), draft_t0=0.6, draft_t1=0.0)
-    cfg = PolicyConfig(policy="survival", max_k=2)
-    est = [0.7, 0.5]
-    assert drafting_gain(est, 2, 2, table) < 1.0  # alone in a 2-row round: the pass costs more than it returns
-
-    def state(**kw) -> PolicyState:  # noqa: ANN003
-        st = PolicyState.initial(cfg)
-        st.survival_est, st.probe = list(est), False
-        for k, v in kw.items():
-            setattr(st, k, v)
-        return st
-
-    assert plan_drafting([cfg, cfg], [state(), state(skip_left=3, backoff=4)], [2, 2], table) == [0, 0]
-    both = [state(), state()]
-    assert plan_drafting([cfg, cfg], both, [2, 2], table) == [2, 2]
-    assert all(st.backoff == 1 and st.skip_left == 0 for st in both)
-    fresh = PolicyState.initial(cfg)  # a new request's first round probes: the pass runs anyway
-    assert plan_drafting([cfg, cfg], [state(), fresh], [2, 2], table) == [2, 2]
-    fixed = PolicyConfig(policy="fixed", k=2)  # a fixed-K row drafts whatever the gate says: the same
-    assert plan_drafting([cfg, fixed], [state(), PolicyState.initial(fixed)], [2, 2], table) == [2, 2]
-
-
-def test_joint_drafting_picks_the_rows_a_compute_bound_pass_can_carry() -> None:
-    """Where the target pass turns compute-bound, each drafted row's tokens cost more: the rows with the most expected
-    tokens draft, up to the count that maximises the round's rate; the one-row case is drafting_gain."""
-    tokens = tuple(range(1, 33))
-    table = CostTable(tokens, tuple(max(1.0, n / 6) for n in tokens), draft_t0=0.05, draft_t1=0.0)
-    ests = [[0.5, 0.3]] + [[0.9, 0.8]] * 3
-    chosen, gain = joint_drafting(ests, 4, table)
-    # rows by expected tokens; two rows at K = 1 fill the flat stretch (6 tokens): 1.39× plain, more rows pay less
-    assert chosen == [1, 2] and gain == pytest.approx((4 + 1.8) / 1.05 / 4)
-    assert joint_drafting([[0.9, 0.8]], 4, table)[1] == pytest.approx(drafting_gain([0.9, 0.8], 2, 4, table))
-    assert joint_drafting([[]], 4, table) == ([], 0.0)  # nothing to verify: no row
-    chosen, gain = joint_drafting([[], [0.0]], 4, table)  # nothing accepted: the best set still loses (the gate closes)
-    assert chosen == [1] and gain < 1.0
 
 
 def test_hybrid_requests_keep_their_own_gate_memory() -> None:
