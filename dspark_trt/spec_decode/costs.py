@@ -74,19 +74,14 @@ class CostTable:
     ctx_t0: float = 0.0
     ctx_t1: float = 0.0
     draft_ctx: float = 0.0
-    # What every round costs beyond its passes (its owner's work between rounds: a server streaming the round's
-    # tokens); not profiled — spec_decode.loop.RoundScheduler measures it while it runs. Fewer rounds per token save
-    # it, so drafting pays sooner where it is large.
-    round_t0: float = 0.0
 
     def __post_init__(self) -> None:
         if min(self.draft_t0, self.draft_t1, self.sampled_t1) < 0 or not math.isfinite(
                 self.draft_t0 + self.draft_t1 + self.sampled_t1):
             raise InvalidArgumentError("cost table 'draft' costs (t0, t1, sampled_t1) must be finite and ≥ 0")
-        if self.context < 0 or min(self.ctx_t0, self.ctx_t1, self.draft_ctx, self.round_t0) < 0 or not math.isfinite(
-                self.ctx_t0 + self.ctx_t1 + self.draft_ctx + self.round_t0):
-            raise InvalidArgumentError("cost table 'context' costs (tokens, t0, t1, draft) and round_t0 must be finite "
-                                       "and ≥ 0")
+        if self.context < 0 or min(self.ctx_t0, self.ctx_t1, self.draft_ctx) < 0 or not math.isfinite(
+                self.ctx_t0 + self.ctx_t1 + self.draft_ctx):
+            raise InvalidArgumentError("cost table 'context' costs (tokens, t0, t1, draft) must be finite and ≥ 0")
         if len(self.tokens) != len(self.seconds) or not self.tokens:
             raise InvalidArgumentError("cost table needs equally long, non-empty 'tokens' and 'seconds' lists")
         if any(b <= a for a, b in zip(self.tokens, self.tokens[1:])):

@@ -23,7 +23,6 @@ from __future__ import annotations
 import itertools
 import logging
 import random
-import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
@@ -162,14 +161,7 @@ class RoundScheduler:
     suffix: the suffix proposer (spec_decode.suffix: its cross-request index of recent outputs and its learned
     confidences) for requests whose policy lists "suffix" in proposers; share one like `gate`; default: made on
     first use.
-    round_overhead: what its owner spends between one round's end and the next step (a server streaming the
-    round's tokens), measured (a running mean over the first OVERHEAD_WARMUP gaps, then an EMA; gaps over
-    OVERHEAD_GAP_CAP — an idle wait — are not counted) and priced into every round (CostTable.round_t0).
     """
-
-    OVERHEAD_WARMUP = 20  # gaps averaged before the EMA takes over
-    OVERHEAD_EMA = 0.05
-    OVERHEAD_GAP_CAP = 0.25  # seconds: a longer gap is an idle owner, not a round's cost
 
     def __init__(self, executor: RoundExecutor | Backend, config: LoopConfig = LoopConfig(), speculate: bool = True,
                  gate: GateMemory | None = None, suffix: SuffixProposer | None = None) -> None:
@@ -186,9 +178,6 @@ class RoundScheduler:
         self._free = list(range(self.executor.max_batch))  # KV slots of no request
         self.totals = SpecStats(keep_rounds=False)  # finished + cancelled requests (counters only)
         self.batched_rounds = 0
-        self.round_overhead = 0.0  # seconds its owner spends between rounds (see the class doc)
-        self._gaps = 0
-        self._round_end: float | None = None  # when the last step that ran a round returned
 
     # ---- requests -------------------------------------------------------------------------------------
     def add(self, request: Request) -> int:
@@ -264,7 +253,6 @@ class RoundScheduler:
         on_admit: receives the admission's events (each admitted request's first token) before the round runs, so
         a server can send them without waiting for the round (its drafter pass included); the returned events then
         hold the round's tokens only. Without it, one event per request holds both."""
-        self._observe_gap(time.perf_counter())
         events: dict[int, RoundEvent] = {}
         prefilled = self._admit(events)
         if on_admit is not None and events:
@@ -272,19 +260,7 @@ class RoundScheduler:
             events = {}
         if self._active:  # the survival rule prices the round with the prompts it admitted (spec_decode.costs)
             self._round(events, RoundLoad(prefilled, bool(getattr(self.executor, "fused_prefill", False))))
-            self._round_end = time.perf_counter()
         return list(events.values())
-
-    def _observe_gap(self, now: float) -> None:
-        """Fold the owner's time since the last round ended into round_overhead (idle gaps skipped)."""
-        if self._round_end is None:
-            return
-        gap, self._round_end = now - self._round_end, None
-        if gap > self.OVERHEAD_GAP_CAP:
-            return
-        self._gaps += 1
-        w = max(1.0 / self._gaps, self.OVERHEAD_EMA) if self._gaps <= self.OVERHEAD_WARMUP else self.OVERHEAD_EMA
-        self.round_overhead += w * (gap - self.round_overhead)
 
     def _admit(self, events: dict[int, RoundEvent]) -> int:
         """Prefill as many waiting requests as there are free slots → the prompt tokens prefilled (chunked: within
@@ -391,9 +367,7 @@ class RoundScheduler:
         acts = list(self._active.values())
         b = len(acts)
         cfgs, states = [a.req.policy for a in acts], [a.state for a in acts]
-        table = self.config.cost_table  # + what the owner spends between rounds (round_overhead)
-        if self.round_overhead > 0.0:
-            table = replace(table, round_t0=self.round_overhead)
+        table = self.config.cost_table
         caps = self._caps(acts)  # the most each row may verify, whoever proposes
         sfx = self._suffix_proposals(acts, caps)  # [B]: a dict probe per match order, no model pass
         dcaps = [c if cfg.uses(DSPARK) and self.executor.can_draft else 0 for c, cfg in zip(caps, cfgs)]

@@ -45,7 +45,6 @@ def rate(a: Sequence[float], rows: int, table: CostTable, extra_seconds: float =
     each of its verify tokens adds past the step column, CostTable.token_seconds of its context); 0 when no K ≥ min_k
     exists."""
     best, gained = 0.0, 0.0
-    extra_seconds += table.round_t0  # what every round costs beyond its passes
     if min_k == 0:
         best = rows / (table.step_seconds(rows) + extra_seconds)
     for k, aj in enumerate(a, start=1):

@@ -218,7 +218,7 @@ def plan_survival(a_rows: Sequence[torch.Tensor], fixed_tokens: int, table: Cost
     tokens = fixed_tokens + n_rows
     tau = float(n_rows) + (float(fixed_tokens) if fixed_tau is None else fixed_tau)
     curve = table.step_seconds(max(tokens, 1))  # the step column's part of the pass
-    extra = fixed_seconds + table.round_t0 + sum(table.row_seconds(c) for c in ctx)  # + contexts, the round's own
+    extra = fixed_seconds + sum(table.row_seconds(c) for c in ctx)  # what the rows' contexts add to it
     theta = tau / (curve + extra)
     per_token = [table.token_seconds(c) for c in ctx]  # [R] what each row's verify token adds past the column
     closed: set[int] = set()  # rows whose next token did not pay (a dearer row's stop does not stop cheaper rows)
@@ -285,13 +285,12 @@ def drafting_gain(est: Sequence[float], cap: int, rows: int, table: CostTable,
     last observed ratio a_j / a_{j-1}, or a_1) to positions the policy has not verified yet — else a drafter whose
     rounds chose small K could never show that larger K pays; 0 when nothing can be verified. sampled: the row
     samples (its drafting costs table.sampled_t1 more); context: its cached tokens — x = its anchor's attention past
-    the profiled context (+ the round's own overhead, CostTable.round_t0), tok = each verify token's, dx = its drafter
-    row's (CostTable.row_seconds, token_seconds, draft_row_seconds): a long context makes its verify tokens and its
-    drafter row dearer."""
+    the profiled context, tok = each verify token's, dx = its drafter row's (CostTable.row_seconds, token_seconds,
+    draft_row_seconds): a long context makes its verify tokens and its drafter row dearer."""
     a = extended_survival(est, cap)
     if not a:
         return 0.0
-    x, tok = table.row_seconds(context) + table.round_t0, table.token_seconds(context)
+    x, tok = table.row_seconds(context), table.token_seconds(context)
     base = rows / (table.step_seconds(rows) + x)
     fixed = x + table.draft_seconds(1, int(sampled)) + table.draft_row_seconds(context)
     best, gained, verify = 0.0, 0.0, table.step_seconds(rows)

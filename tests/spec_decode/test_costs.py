@@ -5,8 +5,6 @@ cost, the loop hands the admitted prompt tokens to the rule, and output stays th
 from __future__ import annotations
 
 import json
-import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -170,50 +168,3 @@ def test_an_inherited_skip_is_weighed_at_the_new_requests_context() -> None:
     assert long.skip_left == 6 and long.backoff == 8 and not long.inherited_skip
     useless = GateMemory(survival_est=[0.0, 0.0, 0.0], observed=50, backoff=64, skip_left=40)
     assert plan_drafting([cfg], [PolicyState.initial(cfg, useless)], [3], CTX, contexts=[64]) == [0]
-
-
-def test_a_rounds_own_overhead_makes_drafting_pay_sooner() -> None:
-    """What every round costs beyond its passes (round_t0: a server streaming the round's tokens) is saved by every
-    round drafting spares: a drafter that does not pay against the passes alone pays once it is counted, and the
-    survival rule verifies more."""
-    est = [0.3, 0.1, 0.03]
-    slow = CostTable(KNEE.tokens, KNEE.seconds, draft_t0=0.5)
-    served = CostTable(KNEE.tokens, KNEE.seconds, draft_t0=0.5, round_t0=0.5)
-    assert drafting_gain(est, 3, 1, slow) < 1.0 < drafting_gain(est, 3, 1, served)
-    assert sum(plan_survival(A, 0, served)) >= sum(plan_survival(A, 0, slow))
-    low = [torch.tensor([0.04, 0.03, 0.02])]  # tokens that do not repay a marginal verify token in a bare pass
-    lin = CostTable.linear(1.0, 0.08)
-    assert plan_survival(low, 0, lin) == [0] and plan_survival(low, 0, replace(lin, round_t0=2.0)) == [2]
-    with pytest.raises(InvalidArgumentError, match="round_t0"):
-        CostTable((1,), (1.0,), round_t0=-0.1)
-
-
-class _SlowOwner:
-    """Steps a scheduler, spending `pause` seconds between rounds (as a server sending the round's tokens)."""
-
-    def __init__(self, sched: RoundScheduler, pause: float) -> None:
-        self.sched, self.pause = sched, pause
-
-    def run(self, rid: int) -> list[int]:
-        tokens: list[int] = []
-        while True:
-            for ev in self.sched.step():
-                if ev.request_id == rid:
-                    tokens += ev.new_tokens
-                    if ev.finished:
-                        return tokens
-            time.sleep(self.pause)
-
-
-def test_the_scheduler_measures_its_owners_time_between_rounds(ref_backend, greedy_oracle,  # noqa: ANN001
-                                                               tiny_models) -> None:
-    prompt = [(7 * i + 3) % 250 + 3 for i in range(20)]
-    sched = RoundScheduler(BackendExecutor(ref_backend()), LoopConfig(gamma=4, cost_table=KNEE))
-    rid = sched.add(Request(tuple(prompt), 16, policy=PolicyConfig(policy="survival", max_k=4)))
-    out = _SlowOwner(sched, 0.02).run(rid)
-    assert 0.018 <= sched.round_overhead <= RoundScheduler.OVERHEAD_GAP_CAP  # sleep never returns early
-    assert out == greedy_oracle(tiny_models["target"], prompt, 16)
-    idle = RoundScheduler(BackendExecutor(ref_backend()), LoopConfig(gamma=4, cost_table=KNEE))
-    rid = idle.add(Request(tuple(prompt), 4, policy=PolicyConfig(policy="survival", max_k=4)))
-    _SlowOwner(idle, RoundScheduler.OVERHEAD_GAP_CAP + 0.05).run(rid)
-    assert idle.round_overhead == 0.0  # an idle owner's gaps are not a round's cost
