@@ -109,15 +109,14 @@ class PolicyState:
         """A new request's state; a gated survival request starts from `memory` (what earlier requests measured)."""
         k = cfg.ceiling(cfg.min_k)
         st = cls(k=k, ema=cfg.weights.ema_init)
-        if memory is not None:
-            memory = memory.of(cfg.proposers)
-        if memory is not None and cfg.policy == "survival" and cfg.gate and memory.survival_est:
-            st.survival_est = list(memory.survival_est)
-            st.observed = min(memory.observed, GateMemory.PRIOR_ROUNDS)  # its own rounds soon outweigh the prior
-            st.backoff = min(memory.backoff, cfg.max_backoff)
-            st.skip_left = min(memory.skip_left, cfg.max_backoff)  # a skip in progress goes on (unless this request
+        mem = memory.of(cfg.proposers) if memory is not None and cfg.policy == "survival" and cfg.gate else None
+        if mem is not None and mem.survival_est:
+            st.survival_est = list(mem.survival_est)
+            st.observed = min(mem.observed, GateMemory.PRIOR_ROUNDS)  # its own rounds soon outweigh the prior
+            st.backoff = min(mem.backoff, cfg.max_backoff)
+            st.skip_left = min(mem.skip_left, cfg.max_backoff)  # a skip in progress goes on (unless this request
             st.inherited_skip = st.skip_left > 0  # pays: plan_drafting weighs it at its own context first)
-            st.probe = memory.probe  # else decided by the inherited estimate
+            st.probe = mem.probe  # else decided by the inherited estimate
         return st
 
 
