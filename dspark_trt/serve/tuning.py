@@ -2,8 +2,8 @@
 
 Owns `THREADS_ENV` (DSPARK_THREADS: "auto" or a positive integer; `dspark-trt serve --threads` sets it),
 `parse_threads`, `measure_threads` (the decode-step time of the loaded backend at each candidate thread count,
-interleaved, median) and `apply_threads` (what DsparkModel.initialize calls before anything else runs on the
-backend). Why measure: on a quiet 2-core host two threads decode SmolLM2 ~1.3× faster than one, while on the same
+interleaved, median), `apply_threads` (what DsparkModel.initialize calls before anything else runs on the
+backend) and `on_fresh_thread` (where the stub's startup compute runs: see its docstring). Why measure: on a quiet 2-core host two threads decode SmolLM2 ~1.3× faster than one, while on the same
 host shared with busy jobs two threads were 3× slower (OpenMP workers waiting for a descheduled peer) — no fixed
 default is right on both. No pb_utils here; torch is imported lazily.
 """
@@ -13,7 +13,8 @@ import logging
 import os
 import statistics
 import time
-from typing import Any, Sequence
+import threading
+from typing import Any, Callable, Sequence, TypeVar
 
 from dspark_trt.errors import InvalidArgumentError
 
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 
 THREADS_ENV = "DSPARK_THREADS"
 AUTO = "auto"
+T = TypeVar("T")
 
 
 def available_cpus() -> int:
@@ -109,3 +111,30 @@ def apply_threads(backend: Any, environ: dict[str, str] | None = None) -> int:
              "N` to fix it)", best, {n: (round(one[n] * 1e3, 2), round(few[n] * 1e3, 2)) for n in counts},
              THREADS_ENV)
     return best
+
+
+def on_fresh_thread(fn: Callable[[], T], name: str = "dspark-setup") -> T:
+    """fn() on a new thread, joined: its return value, or its exception re-raised here.
+
+    Why the `dspark` stub's startup (load, thread measurement, cost profile) runs this way: every thread that runs a
+    parallel region with more than one thread keeps its own OpenMP worker pool until it exits, and libgomp spins only
+    ~100 iterations (instead of ~3 ms) at its barriers while the process manages more OpenMP threads than it has
+    CPUs. Startup compute on the stub's main thread left such a pool behind; with the round thread's own pool the
+    process held 3 managed threads on a 2-core host, so in every one of a decode step's ~200 parallel regions the
+    peer had gone to sleep and had to be woken: a served decode step took 23.0 ms against 13.1 ms (AMD EPYC Zen 3,
+    avx2 engine; 38.5 → 62.6 tok/s at one client). A pool whose thread has exited is freed, so the round thread's
+    is the only one left."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+            box["error"] = exc
+
+    t = threading.Thread(target=run, name=name)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

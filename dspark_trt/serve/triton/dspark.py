@@ -45,7 +45,13 @@ class DsparkModel(StubModel):
 
     def initialize(self, args: dict[str, str]) -> None:
         super().initialize(args)
-        from dspark_trt.serve.tuning import apply_threads  # noqa: PLC0415 - torch: only in this model
+        from dspark_trt.serve.tuning import on_fresh_thread  # noqa: PLC0415 - torch: only in this model
+
+        on_fresh_thread(self._setup)  # no OpenMP pool may stay on this thread (tuning.on_fresh_thread says why)
+
+    def _setup(self) -> None:
+        """Load the build, pick the threads, profile the costs and start the round thread (initialize's work)."""
+        from dspark_trt.serve.tuning import apply_threads  # noqa: PLC0415
         from dspark_trt.serve.worker import faults_from_env  # noqa: PLC0415
 
         self.loaded = load_backend(self.cfg)
