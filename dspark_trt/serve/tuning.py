@@ -5,7 +5,8 @@ Owns `THREADS_ENV` (DSPARK_THREADS: "auto" or a positive integer; `dspark-trt se
 interleaved, median), `apply_threads` (what DsparkModel.initialize calls before anything else runs on the
 backend) and `on_fresh_thread` (where the stub's startup compute runs: see its docstring). Why measure: on a quiet
 2-core host two threads decode SmolLM2 ~1.3× faster than one, while on the same host shared with busy jobs two
-threads were 3× slower (OpenMP workers waiting for a descheduled peer) — no fixed default is right on both. No pb_utils here; torch is imported lazily.
+threads were 3× slower (OpenMP workers waiting for a descheduled peer) — no fixed default is right on both. No
+pb_utils here; torch is imported lazily.
 """
 from __future__ import annotations
 
