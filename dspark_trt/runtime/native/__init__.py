@@ -25,6 +25,7 @@ import hashlib
 import logging
 import os
 import platform
+import subprocess
 import sys
 import threading
 import time
@@ -137,14 +138,51 @@ def _cache_root() -> Path:
 
 
 @functools.lru_cache(maxsize=1)
+def _ninja_dir() -> str | None:
+    """The directory of the `ninja` package's binary (a dependency of this project): ninja.BIN_DIR where it holds
+    one, else where the package's distribution installed its executable (a venv that borrows another's site-packages
+    through a .pth has no ninja in its own bin, so BIN_DIR comes back empty); None: not installed (PATH decides)."""
+    try:
+        import ninja
+
+        if ninja.BIN_DIR and os.path.isfile(os.path.join(ninja.BIN_DIR, "ninja")):
+            return str(ninja.BIN_DIR)
+    except (ImportError, AttributeError):
+        pass
+    from importlib import metadata
+
+    try:
+        files = metadata.files("ninja") or []
+    except metadata.PackageNotFoundError:
+        return None
+    for f in files:  # e.g. ../../../bin/ninja, relative to site-packages
+        if f.name == "ninja" and "bin" in f.parts:
+            exe = Path(str(f.locate())).resolve()
+            if exe.is_file() and os.access(exe, os.X_OK):
+                return str(exe.parent)
+    return None
+
+
+@functools.lru_cache(maxsize=1)
+def _ninja_version() -> str:
+    """`ninja --version` of the binary builds run with (`_one_ninja`); "" when none runs."""
+    exe = os.path.join(_ninja_dir() or "", "ninja") if _ninja_dir() else "ninja"
+    try:
+        return subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+@functools.lru_cache(maxsize=1)
 def _toolchain() -> tuple[str, ...]:
-    """What else torch.utils.cpp_extension writes into a build's build.ninja: torch's and Python's include
-    directories and the interpreter's version."""
+    """What else torch.utils.cpp_extension writes into a build's build.ninja (torch's and Python's include
+    directories, the interpreter's version) and the ninja that builds it (two ninja versions hash a command apart in
+    `.ninja_log`, so each takes the other's outputs for stale)."""
     import sysconfig
 
     from torch.utils import cpp_extension
 
-    return (*cpp_extension.include_paths(), sysconfig.get_paths()["include"], sys.version)
+    return (*cpp_extension.include_paths(), sysconfig.get_paths()["include"], sys.version, _ninja_version())
 
 
 def build_dir(build: str | None = None) -> Path:
@@ -161,14 +199,13 @@ def build_dir(build: str | None = None) -> Path:
 
 @contextlib.contextmanager
 def _one_ninja() -> Iterator[None]:
-    """Build with the `ninja` package's binary (a dependency of this project) whatever PATH says. Two ninja versions
-    hash a command differently in `.ninja_log`, so each takes the other's outputs for stale: a CLI with the
-    system's ninja 1.11 first on PATH and a Triton stub with the venv's 1.13 first rebuilt one cache directory in
-    turn, 1–2 minutes every time (measured on a 2-core Zen 3)."""
-    try:
-        import ninja  # the PyPI package: its BIN_DIR holds the binary torch's cpp_extension then finds first
-        bindir = str(ninja.BIN_DIR)
-    except (ImportError, AttributeError):
+    """Build with the `ninja` package's binary (a dependency of this project, `_ninja_dir`) whatever PATH says. Two
+    ninja versions hash a command differently in `.ninja_log`, so each takes the other's outputs for stale: a CLI with
+    the system's ninja 1.11 first on PATH and a Triton stub with the venv's 1.13 first rebuilt one cache directory in
+    turn, 1–2 minutes every time (measured on a 2-core Zen 3); so did a venv borrowing this one's packages (its
+    ninja.BIN_DIR empty: the system's ninja ran). The version is part of the build's key too (`_toolchain`)."""
+    bindir = _ninja_dir()
+    if bindir is None:
         yield
         return
     old = os.environ.get("PATH", "")
