@@ -32,6 +32,22 @@ def _fastest(fn, reps: int, setup=None) -> float:  # noqa: ANN001 - zero-argumen
     return best
 
 
+def _paired(xs: Sequence[float], step1: Sequence[float]) -> float:
+    """A cost measured once per rep, priced against the one-token pass of the same rep: median_r(xs[r] / step1[r]) ·
+    median(step1). On a shared VM a neighbour's load moves the compute-bound passes (several tokens, the drafter's)
+    and hardly the memory-bound one-token step; a fastest-of-reps per count took each from its own best moment and
+    priced 2–5 verify tokens anywhere from 1.03× to 1.39× a step on one 2-core Zen 3 (bootstrap over 20 reps; this
+    ratio's spread about half that, the same mean)."""
+    ratios = sorted(x / s for x, s in zip(xs, step1))
+    steps = sorted(step1)
+    return _median(ratios) * _median(steps)
+
+
+def _median(xs: Sequence[float]) -> float:
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
 def _after_target_pass(backend, slots: list[int]) -> None:  # noqa: ANN001 - a SpecBackend
     """Put the drafter where a round's drafter pass finds it: right after a target pass (whose weights have pushed
     the drafter's out of the caches), with the one committed token that pass fed it still to project."""
@@ -43,18 +59,19 @@ def _after_target_pass(backend, slots: list[int]) -> None:  # noqa: ANN001 - a S
     backend.drafter.extend_context(s, toks, torch.ones(len(slots), dtype=torch.long), out.hidden)
 
 
-DRAFT_SAMPLES = 3  # drafter passes timed per rep (each after a target pass); the fastest of all reps counts
+DRAFT_SAMPLES = 3  # drafter passes timed per rep (each after a target pass); its fastest is the rep's sample
 SAMPLED_T = 0.7  # the temperature of the sampled drafter pass timed for CostTable.sampled_t1
 PASS_POINTS = (16, 32, 64, 128, 256, 512)  # token counts profiled past γ + 1 (up to pass_tokens and the cache room)
 
 
 def profile_costs(backend, max_tokens: int, context: int = 64, reps: int = 5, gamma: int | None = None,  # noqa: ANN001
                   draft_rows: Sequence[int] = (1, 2), pass_tokens: int = 256) -> CostTable:
-    """Fastest-of-reps seconds of one target pass over n = 1..max_tokens tokens and over the PASS_POINTS up to
-    `pass_tokens` (fastest of min(reps, 2)) — batch 1, `context` tokens cached, taps and every position's logits
-    included (a verify pass; a fused prefill chunk needs only its last logits, so its price is a slight
-    overestimate) — and of one drafter pass of γ tokens over 1 and 2 rows as a round pays it (after a target pass,
-    with a committed token to project; → draft_t0 + draft_t1·rows); the step column never falls with more tokens
+    """Seconds of one target pass over n = 1..max_tokens tokens and over the PASS_POINTS up to `pass_tokens`
+    (measured in min(reps, 2) reps) — batch 1, `context` tokens cached, taps and every position's logits included (a
+    verify pass; a fused prefill chunk needs only its last logits, so its price is a slight overestimate) — and of
+    one drafter pass of γ tokens over 1 and 2 rows as a round pays it (after a target pass, with a committed token to
+    project; → draft_t0 + draft_t1·rows). Each is the median over the reps of its time relative to the same rep's
+    one-token pass, times the median one-token pass (`_paired`); the step column never falls with more tokens
     (timer noise is clipped). `backend` is a runtime.backend.SpecBackend."""
     vocab = int(backend.vocab_size)
     n_slots = min(int(backend.max_batch), max(draft_rows))
@@ -71,13 +88,13 @@ def profile_costs(backend, max_tokens: int, context: int = 64, reps: int = 5, ga
     greedy = SamplingParams()
     room = int(backend.max_seq) - ctx - 2
     counts = list(range(1, max_tokens + 1)) + [n for n in PASS_POINTS if max_tokens < n <= min(pass_tokens, room)]
-    secs = [float("inf")] * len(counts)
+    runs: list[list[float]] = [[] for _ in counts]  # [count][rep] seconds of one pass
     d0 = d1 = s1 = 0.0
     drafter = getattr(backend, "drafter", None)
     g = gamma or int(getattr(drafter, "gamma", 0) or 0)
     rows_list = [r for r in draft_rows if r <= n_slots] if g > 0 and drafter is not None else []
-    times = [float("inf")] * len(rows_list)
-    sampled_s = float("inf")  # a 1-row sampled drafter pass (its q and draws), fastest of the reps
+    drafts: list[list[float]] = [[] for _ in rows_list]  # [rows][rep] a drafter pass (fastest of DRAFT_SAMPLES)
+    sampled: list[float] = []  # [rep] a 1-row sampled drafter pass (its q and draws)
     hot = SamplingParams(temperature=SAMPLED_T, seed=1)
     with torch.inference_mode():
         # Interleaved: every rep times every count (and the drafter) once, so a spell of machine load (a shared VM's
@@ -93,17 +110,21 @@ def profile_costs(backend, max_tokens: int, context: int = 64, reps: int = 5, ga
                     target(toks, cache, slot0, taps=backend.taps, logits="all")
                     cache.truncate(slot0, start)
 
-                secs[i] = min(secs[i], _fastest(one_pass, 1))
+                runs[i].append(_fastest(one_pass, 1))
             for i, rows in enumerate(rows_list):
                 anchors = torch.full((rows,), 42, dtype=torch.long)
-                times[i] = min(times[i], _fastest(  # DRAFT_SAMPLES per rep: a short pass, so a noisy VM's spikes
+                drafts[i].append(_fastest(  # DRAFT_SAMPLES per rep: a short pass, so a noisy VM's spikes
                     lambda rows=rows, anchors=anchors: backend.draft(slots[:rows], anchors, g, [greedy] * rows),
                     DRAFT_SAMPLES, setup=lambda rows=rows: _after_target_pass(backend, slots[:rows])))
             if rows_list:
                 one = torch.full((1,), 42, dtype=torch.long)
-                sampled_s = min(sampled_s, _fastest(
+                sampled.append(_fastest(
                     lambda: backend.draft(slots[:1], one, g, [hot], torch.tensor([ctx + 1])), DRAFT_SAMPLES,
                     setup=lambda: _after_target_pass(backend, slots[:1])))
+        step1 = runs[0]  # counts[0] = 1: the one-token pass of every rep
+        secs = [_paired(r, step1) for r in runs]
+        times = [_paired(d, step1) for d in drafts]
+        sampled_s = _paired(sampled, step1) if sampled else 0.0
         if rows_list:
             if len(times) >= 2:
                 d1 = max((times[1] - times[0]) / (rows_list[1] - rows_list[0]), 0.0)

@@ -1,6 +1,7 @@
 """runtime.profile.profile_costs on the real tiny target + a DSpark drafter: every token count 1..γ+1 and the sparse
 pass sizes up to the cache room (what saturated batches and prefill sharing a pass cost), a step column that never
-falls, a drafter cost, and the backend's slots left free for serving."""
+falls, a drafter cost, and the backend's slots left free for serving; each cost priced against the same rep's
+one-token pass (`_paired`)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ import torch
 
 from dspark_trt.runtime.backend import SpecBackend
 from dspark_trt.runtime.hf_loader import load_hf_checkpoint
-from dspark_trt.runtime.profile import LONG_CONTEXT, PASS_POINTS, profile_costs
+from dspark_trt.runtime.profile import LONG_CONTEXT, PASS_POINTS, _paired, profile_costs
 from dspark_trt.spec_decode.costs import CostTable, RoundLoad
 
 
@@ -64,3 +65,14 @@ def test_profile_measures_what_a_long_context_adds(tiny_pair) -> None:  # noqa: 
 
 def test_pass_tokens_bounds_the_sparse_points(backend: SpecBackend) -> None:
     assert profile_costs(backend, 5, reps=1, pass_tokens=32).tokens == (1, 2, 3, 4, 5, 16, 32)
+
+
+def test_a_cost_is_priced_against_the_same_reps_one_token_pass() -> None:
+    """A 4-token pass that ran in a fast spell once (0.6 s where it took 1.3 s twice) does not make verify tokens
+    look cheap, as the fastest of the reps did (0.6 / 1.0): the median of the paired ratios; a slow rep of the whole
+    machine (both passes twice as long) moves neither the ratio nor, past the median, the one-token price."""
+    step1 = [1.0, 1.0, 1.0]
+    assert _paired([1.3, 0.6, 1.3], step1) == pytest.approx(1.3)
+    assert min([1.3, 0.6, 1.3]) / min(step1) == pytest.approx(0.6)  # what fastest-of-reps priced
+    assert _paired([1.3, 2.6, 1.3], [1.0, 2.0, 1.0]) == pytest.approx(1.3)
+    assert _paired([1.3, 1.4], [1.0, 1.0, 1.0]) == pytest.approx(1.35)  # counts measured in the first reps only
