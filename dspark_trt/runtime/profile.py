@@ -9,6 +9,7 @@ slots it frees again, before the backend serves requests. Knows nothing about po
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from typing import Sequence
 
@@ -38,14 +39,7 @@ def _paired(xs: Sequence[float], step1: Sequence[float]) -> float:
     and hardly the memory-bound one-token step; a fastest-of-reps per count took each from its own best moment and
     priced 2–5 verify tokens anywhere from 1.03× to 1.39× a step on one 2-core Zen 3 (bootstrap over 20 reps; this
     ratio's spread about half that, the same mean)."""
-    ratios = sorted(x / s for x, s in zip(xs, step1))
-    steps = sorted(step1)
-    return _median(ratios) * _median(steps)
-
-
-def _median(xs: Sequence[float]) -> float:
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+    return statistics.median(x / s for x, s in zip(xs, step1)) * statistics.median(step1)
 
 
 def _after_target_pass(backend, slots: list[int]) -> None:  # noqa: ANN001 - a SpecBackend

@@ -166,7 +166,8 @@ def _ninja_dir() -> str | None:
 @functools.lru_cache(maxsize=1)
 def _ninja_version() -> str:
     """`ninja --version` of the binary builds run with (`_one_ninja`); "" when none runs."""
-    exe = os.path.join(_ninja_dir() or "", "ninja") if _ninja_dir() else "ninja"
+    bindir = _ninja_dir()
+    exe = os.path.join(bindir, "ninja") if bindir else "ninja"
     try:
         return subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
