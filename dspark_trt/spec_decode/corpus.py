@@ -136,7 +136,9 @@ class CorpusIndex:
         return int(self.positions.size)
 
     def match(self, context: Sequence[int], cap: int) -> CorpusMatch | None:
-        """The voted continuation (≤ cap tokens) of the longest suffix of `context` found in the corpus, or None."""
+        """The voted continuation (≤ cap tokens) of the longest suffix of `context` found in the corpus, or None.
+        Runs after every target pass, so with the corpus' pages cold: two binary searches a key level (the nested
+        ranges of its 1..per_key tokens searched at once) and one sort of the voters' continuations."""
         if cap < 1 or not len(context):
             return None
         want = [int(x) for x in reversed(context[-self.max_match:])]  # nearest first
@@ -145,51 +147,76 @@ class CorpusIndex:
         lo, hi, n = 0, self.size, 0
         for level, keys in enumerate(self.keys):
             part = want[level * self.per_key:(level + 1) * self.per_key]
-            got, head = 0, 0
-            for m in range(1, len(part) + 1):  # nested ranges: stop at the first empty one
-                head = (head << self.bits) | part[m - 1]
-                low, high = self._bounds(head, m)
-                view = keys[lo:hi]
-                a = int(view.searchsorted(low, "left"))
-                b = int(view.searchsorted(high, "right"))
-                if b <= a:
-                    break
-                lo, hi, got = lo + a, lo + b, m
+            if not part:
+                break
+            bounds = [self._bounds(self._head(part[:m]), m) for m in range(1, len(part) + 1)]
+            view = keys[lo:hi]
+            a = view.searchsorted(np.array([b[0] for b in bounds], dtype=np.uint64), "left")  # [m]
+            b = view.searchsorted(np.array([b[1] for b in bounds], dtype=np.uint64), "right")  # [m]
+            got = 0  # the ranges are nested: the first empty one ends the match
+            while got < len(part) and b[got] > a[got]:
+                got += 1
+            if got:
+                lo, hi = lo + int(a[got - 1]), lo + int(b[got - 1])
             n += got
             if got < self.per_key:
                 break
         if n == 0:
             return None
         count = hi - lo
-        sel = lo + (np.arange(min(count, self.max_votes), dtype=np.int64) * count) // min(count, self.max_votes)
+        votes = min(count, self.max_votes)
+        sel = lo + (np.arange(votes, dtype=np.int64) * count) // votes
         starts = self.positions[sel].astype(np.int64)  # [S] continuation starts
         cont = self.tokens[starts[:, None] + np.arange(min(cap, 64))]  # [S, cap]
-        tokens: list[int] = []
-        shares: list[float] = []
-        rows = np.arange(starts.size)
-        for j in range(cont.shape[1]):
-            if rows.size == 1:  # one occurrence left: its continuation up to the sequence's end, share 1
-                for x in cont[rows[0], j:].tolist():
-                    if x < 0:
-                        break
-                    tokens.append(int(x))
-                    shares.append(1.0)
-                break
-            col = cont[rows, j]
-            lo_v, hi_v = int(col.min()), int(col.max())
-            if lo_v == hi_v:  # all agree (or all ended)
-                if lo_v < 0:
-                    break
-                tokens.append(lo_v)
-                shares.append(1.0)
-                continue
-            col = col[col >= 0]
-            vals, counts = np.unique(col, return_counts=True)
-            best = int(np.argmax(counts))  # first maximum: the smallest id on ties
-            tokens.append(int(vals[best]))
-            shares.append(float(counts[best]) / float(rows.size))
-            rows = rows[cont[rows, j] == vals[best]]
+        tokens, shares = _vote(cont)
         return CorpusMatch(tuple(tokens), n, int(count), tuple(shares)) if tokens else None
+
+    def _head(self, tokens: Sequence[int]) -> int:
+        """The first len(tokens) tokens of a key level, packed (CorpusIndex keys' layout)."""
+        head = 0
+        for t in tokens:
+            head = (head << self.bits) | t
+        return head
+
+
+def _vote(cont: np.ndarray) -> tuple[list[int], list[float]]:
+    """cont [S, c] the voters' continuations (SEP past a sequence's end) → the continuation voted depth by depth:
+    at depth j the most frequent token among the voters that agreed on depths < j (SEP does not vote; ties: the
+    smaller id) and its share of those voters; stops where every remaining voter has ended, and a single remaining
+    voter's continuation is taken whole. With the rows sorted, the voters agreeing on a prefix are one contiguous
+    range whose next column is sorted, so each depth is a count of runs (plain Python: S ≤ max_votes small rows,
+    where numpy's per-call cost dominated)."""
+    rows = sorted(map(tuple, cont.tolist()))  # lexicographic
+    r0, r1 = 0, len(rows)
+    tokens: list[int] = []
+    shares: list[float] = []
+    for j in range(cont.shape[1]):
+        if r1 - r0 == 1:  # one occurrence left: its continuation up to the sequence's end, share 1
+            for x in rows[r0][j:]:
+                if x < 0:
+                    break
+                tokens.append(x)
+                shares.append(1.0)
+            break
+        first, last = rows[r0][j], rows[r1 - 1][j]
+        if first == last:  # all agree (or all ended)
+            if first < 0:
+                break
+            tokens.append(first)
+            shares.append(1.0)
+            continue
+        best, best_at, i = 0, r0, r0
+        while i < r1:  # runs of equal tokens, ascending: the first longest is the smallest id on ties
+            t, k = rows[i][j], i + 1
+            while k < r1 and rows[k][j] == t:
+                k += 1
+            if t >= 0 and k - i > best:  # the ended voters (SEP) do not vote
+                best, best_at = k - i, i
+            i = k
+        tokens.append(rows[best_at][j])
+        shares.append(best / (r1 - r0))
+        r0, r1 = best_at, best_at + best
+    return tokens, shares
 
 
 def corpus_from_records(paths: Iterable[Path | str], max_tokens: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
