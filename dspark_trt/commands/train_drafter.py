@@ -30,7 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", type=Path, nargs="+", required=True, help="text files/dirs and chat .jsonl files")
     p.add_argument("--out", type=Path, required=True, help="output dir (features/, drafter/, train_state.pt)")
     p.add_argument("--gamma", type=int, default=D.gamma, help=f"block size γ (default {D.gamma})")
-    p.add_argument("--layers", type=str, default=None, help="target taps, comma-separated (default: 5 spread layers)")
+    p.add_argument("--layers", type=str, default=None,
+                   help="target taps, comma-separated (default: 5 spread layers; with --init-from: the checkpoint's "
+                        "taps and more, the new ones start silent)")
     p.add_argument("--num-layers", type=int, default=D.num_layers,
                    help="drafter decoder layers (with --init-from: more than the checkpoint's adds layers that start "
                         "as the identity; fewer keeps the checkpoint's)")

@@ -1,6 +1,7 @@
 """Creating a fresh DSpark drafter for a target: config from the target's HF config, weights initialised
 from the target's own top layers (attention/MLP/norms copied, then trained), d2t map from token counts; and growing a
-trained drafter by decoder layers that start as the identity (`grow_layers`, for --init-from --num-layers N).
+trained drafter by decoder layers that start as the identity (`grow_layers`, for --init-from --num-layers N), by
+Markov rank (`grow_markov_rank`) and by target taps that start silent (`grow_taps`, for --init-from --layers).
 
 Owns nothing at inference time; dspark_trt.runtime.drafters owns the module and its checkpoint format.
 """
@@ -130,3 +131,31 @@ def frequent_tokens(counts: torch.Tensor, size: int, always: Sequence[int] = ())
         c[t] = float("inf")
     top = torch.topk(c, size).indices
     return top.sort().values
+
+
+def grow_taps(model: DSparkModel, layers: Sequence[int]) -> DSparkModel:
+    """A drafter tapping the target layers `layers` (the checkpoint's taps and more, any order) computing what `model`
+    computes: fc's columns for each kept tap are the checkpoint's, those for a new tap zero — its features enter the
+    context with the first gradients. The same taps return `model` itself; dropping one of the checkpoint's taps is
+    a ValueError (its trained columns would be lost)."""
+    old, new = tuple(model.cfg.target_layer_ids), tuple(int(x) for x in layers)
+    if new == old:
+        return model
+    if len(set(new)) != len(new) or not set(old) <= set(new):
+        raise ValueError(f"grow_taps: the new taps {list(new)} must be distinct and keep every tap of the checkpoint "
+                         f"{list(old)}")
+    grown = DSparkModel(model.cfg.replace(target_layer_ids=new))
+    state = model.state_dict()
+    d = model.cfg.hidden_size
+    with torch.no_grad():
+        w_old = state.pop("fc.weight").float()  # [d, len(old)·d]
+        w = torch.zeros(d, len(new) * d)  # [d, len(new)·d]
+        for i, layer in enumerate(old):
+            j = new.index(layer)
+            w[:, j * d:(j + 1) * d] = w_old[:, i * d:(i + 1) * d]
+        state["fc.weight"] = w
+    grown.load_state_dict(state)
+    if model._embed is not None and model._head is not None:
+        grown._embed, grown._head = model._embed, model._head
+    log.info("drafter taps grown from %s to %s (new taps start silent)", list(old), list(new))
+    return grown.to(next(model.parameters()).dtype)

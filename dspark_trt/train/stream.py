@@ -132,8 +132,9 @@ def stream_train(cfg: TrainConfig, scfg: StreamConfig, target_dir: Path, seqs: S
                          "stream": json.loads(json.dumps(dataclasses.asdict(scfg)))}})
     hf_cfg = json.loads((Path(target_dir) / "config.json").read_text())
     taps = cfg.layers or default_layer_ids(int(hf_cfg["num_hidden_layers"]))
-    if init_from is not None and not (resume and state_path.exists()):
-        taps = tuple(json.loads((Path(init_from) / "config.json").read_text())["target_layer_ids"])
+    if init_from is not None and not (resume and state_path.exists()) and not cfg.layers:
+        taps = tuple(json.loads((Path(init_from) / "config.json").read_text())["target_layer_ids"])  # (--layers: the
+    # checkpoint's taps and more, grown by the trainer)
     tgt = RuntimeTarget.load(target_dir, taps, max_len=cfg.max_len) if teacher == "runtime" else \
         HFTarget.load(target_dir, taps)
     hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)

@@ -30,7 +30,8 @@ from dspark_trt.train.calibrate import CalibrationReport, sts
 from dspark_trt.train.features import FeatureStore
 from dspark_trt.train.head_loss import draft_logprobs
 from dspark_trt.train.loss import LossWeights, dspark_loss, dspark_loss_topk, make_t2d
-from dspark_trt.train.model_init import frequent_tokens, grow_layers, grow_markov_rank, init_from_target, new_config
+from dspark_trt.train.model_init import (frequent_tokens, grow_layers, grow_markov_rank, grow_taps, init_from_target,
+                                         new_config)
 from dspark_trt.train.onpolicy import OnPolicyConfig, onpolicy_batch, path_tau, rollout
 
 log = logging.getLogger(__name__)
@@ -199,6 +200,8 @@ def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_
     elif init_from is not None:
         from dspark_trt.runtime.drafters.loader import load_dspark_model
         model = load_dspark_model(Path(init_from))
+        if cfg.layers is not None:  # --layers with the checkpoint's taps and more: new taps that start silent
+            model = grow_taps(model, cfg.layers)
         meta = json.loads((Path(store_dirs[0]) / "meta.json").read_text())
         if tuple(meta["layer_ids"]) != tuple(model.cfg.target_layer_ids):
             raise DrafterError(f"--init-from {init_from} taps layers {list(model.cfg.target_layer_ids)} but the cached "

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dspark_trt.errors import DrafterError, VocabularyMismatchError
-from dspark_trt.runtime.drafters import (DSparkDrafter, VocabInfo, check_same_vocabulary, load_drafter,
+from dspark_trt.runtime.drafters import (DSparkDrafter, DSparkModel, VocabInfo, check_same_vocabulary, load_drafter,
                                          load_dspark_model, save_dspark)
 from dspark_trt.spec_decode.protocols import SamplingParams
 
@@ -229,3 +229,34 @@ def test_grow_markov_rank_keeps_the_function_and_trains_the_new_components(tiny_
     torch.testing.assert_close(conf2.detach(), conf)
     out.logsumexp(-1).sum().backward()
     assert float(g.markov_w2.weight.grad[:, 8:].abs().sum()) > 0
+
+
+def test_grow_taps_keeps_the_function_and_trains_the_new_tap(tiny_pair, tiny_target) -> None:  # noqa: ANN001
+    """--init-from with more --layers: the grown drafter reads the new tap's features (wherever it sits in the list)
+    yet gives the checkpoint's logits and confidences (its fc columns start at zero), carries the new taps in its
+    config, and the new columns receive gradients; dropping a trained tap is refused."""
+    from dspark_trt.train.model_init import grow_taps, new_config
+
+    torch.manual_seed(0)
+    emb = tiny_target.model.get_input_embeddings().weight
+    m = DSparkModel(new_config(tiny_pair.target, (1,), num_layers=1, gamma=4, markov_rank=8, draft_vocab_size=0,
+                               embed_weight=emb))  # a checkpoint tapping layer 1 only
+    with torch.no_grad():
+        m.markov_w2.weight.normal_(0, 0.5)
+        m.mask_embedding.normal_(0, 1.0)
+    m.attach_target(emb, tiny_target.model.get_output_embeddings().weight)
+    d = m.cfg.hidden_size
+    ids = _ids(24)
+    feats, _ = tiny_target.run(ids)  # [1, L, 2·d]: taps 0, 1
+    anchors = torch.tensor([[5, 12]])
+    with torch.no_grad():
+        _, base, conf = m.forward_train(feats[..., d:], ids, anchors, 4)
+    g = grow_taps(m, (0, 1))  # the new tap first: the kept tap's columns move behind it
+    assert g.cfg.target_layer_ids == (0, 1) and g.cfg.feature_size == 2 * d and grow_taps(g, (0, 1)) is g
+    _, out, conf2 = g.forward_train(feats, ids, anchors, 4)
+    torch.testing.assert_close(out.detach(), base)
+    torch.testing.assert_close(conf2.detach(), conf)
+    out.logsumexp(-1).sum().backward()
+    assert float(g.fc.weight.grad[:, :d].abs().sum()) > 0
+    with pytest.raises(ValueError, match="keep every tap"):
+        grow_taps(g, (0,))
