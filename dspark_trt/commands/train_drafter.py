@@ -58,6 +58,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--anchors", type=int, default=D.anchors, help="anchors per sequence per step")
     p.add_argument("--seed", type=int, default=D.seed)
     p.add_argument("--threads", type=int, default=D.threads)
+    p.add_argument("--autocast", choices=("auto", "bf16", "off"), default="auto",
+                   help="bf16 autocast of the drafter's products: auto = where bf16 matrix products are fast on this "
+                        "CPU (AVX512_BF16 / AMX; a CPU without them runs torch's bf16 GEMM ~100x slower than fp32), "
+                        "always on CUDA")
     p.add_argument("--resume", action="store_true", help="continue from OUT/train_state.pt")
     p.add_argument("--init-from", type=Path, default=None,
                    help="start from a drafter checkpoint dir's weights (fresh optimizer), e.g. the shipped drafter")
@@ -130,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
                               markov_rank=args.markov_rank, draft_vocab_size=args.draft_vocab,
                               max_minutes=args.max_minutes, max_steps=args.max_steps, max_tokens=args.max_tokens,
                               train_tokens=args.train_tokens,
+                              autocast_bf16={"auto": None, "bf16": True, "off": False}[args.autocast],
                               onpolicy=OnPolicyConfig(every=args.onpolicy_every, start=args.onpolicy_start,
                                                       start_frac=args.onpolicy_start_frac,
                                                       frac=args.onpolicy_frac, reject_weight=args.reject_weight),

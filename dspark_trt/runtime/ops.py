@@ -7,7 +7,7 @@ Owns: the kernel choice — `choose_kernel`, the one function every caller asks 
 `kernel_path`, which forces one path inside a block — and the pure-torch ("torch") implementations: products row
 by row (one [1, in] product per row, the same call whatever the batch; a long prompt's rows in one product of its
 own), per-query attention spans, per-request long-prompt attention, the torch path's product dtype (chosen by
-measurement). Knows nothing about models or caches beyond the tensors it is handed.
+measurement), and whether bf16 matrix products are fast on this CPU (`bf16_matmul_fast`, measured). Knows nothing about models or caches beyond the tensors it is handed.
 """
 from __future__ import annotations
 
@@ -133,6 +133,30 @@ def _bf16_via_f32() -> bool:
         log.info("torch path: bf16 products on %s kernels (one [1536, 576] GEMV x4: bf16 %.2f ms, fp32 %.2f ms)",
                  "fp32" if _f32_products["bf16"] else "bf16", best["bf16"] * 1e3, best["fp32"] * 1e3)
     return _f32_products["bf16"]
+
+
+def bf16_matmul_fast(device: torch.device | str = "cpu") -> bool:
+    """Whether bf16 matrix products (training's autocast, a bf16 Hugging Face model) are at least as fast as fp32 ones
+    here: True on CUDA; on the CPU measured once per process on a [256, 576] × [576, 1536] product (CPUs without
+    AVX512_BF16 / AMX run torch's bf16 GEMM on a scalar fallback: 1.2 vs 160 GFLOP/s on a Zen 3 core pair)."""
+    if torch.device(device).type != "cpu":
+        return True
+    if "gemm" not in _f32_products:
+        g = torch.Generator().manual_seed(0)
+        a, b = torch.randn(256, 576, generator=g), torch.randn(576, 1536, generator=g)
+        ab, bb = a.bfloat16(), b.bfloat16()
+        best = {"bf16": float("inf"), "fp32": float("inf")}
+        for _ in range(3):  # interleaved; the first bf16 product that takes longer than 50 fp32 ones decides
+            for name, (x, y) in (("fp32", (a, b)), ("bf16", (ab, bb))):
+                t0 = time.perf_counter()
+                x @ y
+                best[name] = min(best[name], time.perf_counter() - t0)
+            if best["bf16"] > 50 * best["fp32"]:
+                break
+        _f32_products["gemm"] = best["fp32"] < best["bf16"]
+        log.info("bf16 matrix products %s here ([256, 576] x [576, 1536]: bf16 %.2f ms, fp32 %.2f ms)",
+                 "slower than fp32" if _f32_products["gemm"] else "fast", best["bf16"] * 1e3, best["fp32"] * 1e3)
+    return not _f32_products["gemm"]
 
 
 def _compute_weight(w: torch.Tensor) -> torch.Tensor:

@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from dspark_trt.errors import DrafterError
 from dspark_trt.runtime.drafters import DSparkModel, save_dspark, target_weights
+from dspark_trt.runtime.ops import bf16_matmul_fast
 from dspark_trt.train.batches import Batch, SeqRef, eligible, make_batch, split, take_tokens, token_counts
 from dspark_trt.train.calibrate import CalibrationReport, sts
 from dspark_trt.train.features import FeatureStore
@@ -68,7 +69,7 @@ class TrainConfig:
     train_tokens: int = 0  # > 0: train on a seeded subset of about this many answer tokens (the data → τ curve)
     loss: LossWeights = field(default_factory=LossWeights)
     onpolicy: OnPolicyConfig = field(default_factory=OnPolicyConfig)  # loop-path batches mixed with replay
-    autocast_bf16: bool = True
+    autocast_bf16: bool | None = None  # None: bf16 where its products are fast here (runtime.ops.bf16_matmul_fast)
     fused_head: bool = True  # log-probs at the teacher's top-k chunk by chunk (train.head_loss), not from [N, γ, Vd]
 
 
@@ -181,6 +182,8 @@ def train(cfg: TrainConfig, hf_target: torch.nn.Module, target_dir: Path, store_
     torch.manual_seed(cfg.seed)
     out.mkdir(parents=True, exist_ok=True)
     dev = _device()
+    if cfg.autocast_bf16 is None:  # a CPU without AVX512_BF16 / AMX runs bf16 GEMMs ~100x slower than fp32 ones
+        cfg = dataclasses.replace(cfg, autocast_bf16=bf16_matmul_fast(dev))
     stores = [FeatureStore.open(d) for d in store_dirs]
     refs = eligible(stores, cfg.gamma)
     if not refs:
