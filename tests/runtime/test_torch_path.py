@@ -68,3 +68,19 @@ def test_the_product_dtype_is_measured_once_and_logged(monkeypatch: pytest.Monke
         assert ops._bf16_via_f32() == first
     msgs = [r.getMessage() for r in caplog.records if "torch path: bf16 products" in r.getMessage()]
     assert len(msgs) == 1 and ("fp32 kernels" in msgs[0] or "bf16 kernels" in msgs[0]), msgs
+
+
+def test_bf16_matrix_products_are_judged_once_and_slow_without_a_bf16_isa(monkeypatch: pytest.MonkeyPatch,
+                                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """training's autocast and the benches' HF rows ask `bf16_matmul_fast`: measured once, logged; a CPU with neither
+    AVX512_BF16 nor AMX runs torch's bf16 GEMM on a scalar fallback (~100x slower), so it must answer False there."""
+    from dspark_trt.runtime import native
+
+    monkeypatch.setattr(ops, "_f32_products", {})
+    with caplog.at_level(logging.INFO, logger="dspark_trt.runtime.ops"):
+        first = ops.bf16_matmul_fast()
+        assert ops.bf16_matmul_fast() == first and ops.bf16_matmul_fast("cuda") is True
+    msgs = [r.getMessage() for r in caplog.records if "bf16 matrix products" in r.getMessage()]
+    assert len(msgs) == 1, msgs
+    if not native.cpu_flags() & {"avx512_bf16", "amx_bf16"}:
+        assert first is False, msgs
