@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import torch
 
+from dspark_trt.errors import DrafterError
 from dspark_trt.runtime.drafters.config import DSparkConfig, rope_theta_of
 from dspark_trt.runtime.drafters.dspark import DSparkModel
 from dspark_trt.runtime.drafters.vocab import target_fingerprint, vocab_info
@@ -136,14 +137,15 @@ def frequent_tokens(counts: torch.Tensor, size: int, always: Sequence[int] = ())
 def grow_taps(model: DSparkModel, layers: Sequence[int]) -> DSparkModel:
     """A drafter tapping the target layers `layers` (the checkpoint's taps and more, any order) computing what `model`
     computes: fc's columns for each kept tap are the checkpoint's, those for a new tap zero — its features enter the
-    context with the first gradients. The same taps return `model` itself; dropping one of the checkpoint's taps is
-    a ValueError (its trained columns would be lost)."""
+    context with the first gradients. The same taps return `model` itself; dropping one of the checkpoint's taps
+    (its trained columns would be lost) or repeating one is a DrafterError."""
     old, new = tuple(model.cfg.target_layer_ids), tuple(int(x) for x in layers)
     if new == old:
         return model
     if len(set(new)) != len(new) or not set(old) <= set(new):
-        raise ValueError(f"grow_taps: the new taps {list(new)} must be distinct and keep every tap of the checkpoint "
-                         f"{list(old)}")
+        raise DrafterError(f"--layers {','.join(map(str, new))} must keep every target tap of the --init-from "
+                           f"checkpoint ({','.join(map(str, old))}), each once. Fix: pass its taps plus the new ones, "
+                           f"e.g. --layers {','.join(map(str, sorted(set(old) | set(new))))}.")
     grown = DSparkModel(model.cfg.replace(target_layer_ids=new))
     state = model.state_dict()
     d = model.cfg.hidden_size

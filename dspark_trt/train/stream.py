@@ -133,8 +133,8 @@ def stream_train(cfg: TrainConfig, scfg: StreamConfig, target_dir: Path, seqs: S
     hf_cfg = json.loads((Path(target_dir) / "config.json").read_text())
     taps = cfg.layers or default_layer_ids(int(hf_cfg["num_hidden_layers"]))
     if init_from is not None and not (resume and state_path.exists()) and not cfg.layers:
-        taps = tuple(json.loads((Path(init_from) / "config.json").read_text())["target_layer_ids"])  # (--layers: the
-    # checkpoint's taps and more, grown by the trainer)
+        # the checkpoint's taps (--layers instead: the checkpoint's and more, which the trainer grows it to)
+        taps = tuple(json.loads((Path(init_from) / "config.json").read_text())["target_layer_ids"])
     tgt = RuntimeTarget.load(target_dir, taps, max_len=cfg.max_len) if teacher == "runtime" else \
         HFTarget.load(target_dir, taps)
     hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)

@@ -258,5 +258,6 @@ def test_grow_taps_keeps_the_function_and_trains_the_new_tap(tiny_pair, tiny_tar
     torch.testing.assert_close(conf2.detach(), conf)
     out.logsumexp(-1).sum().backward()
     assert float(g.fc.weight.grad[:, :d].abs().sum()) > 0
-    with pytest.raises(ValueError, match="keep every tap"):
+    with pytest.raises(DrafterError, match="must keep every target tap") as e:
         grow_taps(g, (0,))
+    assert "Fix: pass its taps plus the new ones, e.g. --layers 0,1" in str(e.value)
