@@ -70,23 +70,22 @@ def profile_costs(backend, max_tokens: int, context: int = 64, reps: int = 5, ga
     vocab = int(backend.vocab_size)
     n_slots = min(int(backend.max_batch), max(draft_rows))
     slots = list(range(n_slots))
-    # each timed drafter pass follows a target pass that feeds the drafter one more context token (slot 0 in every
-    # row count): leave the cache room for them
-    grow = len(draft_rows) * reps * DRAFT_SAMPLES if getattr(backend, "drafter", None) is not None else 0
+    drafter = getattr(backend, "drafter", None)
+    g = gamma or int(getattr(drafter, "gamma", 0) or 0)
+    rows_list = [r for r in draft_rows if r <= n_slots] if g > 0 and drafter is not None else []
+    # each timed drafter pass (greedy over every row count, then the sampled one) follows a target pass that feeds
+    # the drafter one more context token, and its block needs γ positions past them: every rep starts from a fresh
+    # prefill of `ctx` tokens, so a small cache (a short max_length) holds one rep's growth, not all of them
+    grow = (len(rows_list) + 1) * DRAFT_SAMPLES + g if rows_list else 0
     ctx = max(1, min(context, int(backend.max_seq) - max_tokens - 2 - grow))
     prompt = [(17 + 31 * i) % vocab for i in range(ctx)]
-    backend.prefill(slots, [prompt] * n_slots)
     target, cache = backend.target, backend.cache
     slot0 = torch.tensor([0])
-    start = cache.lengths[slot0].clone()  # [1]
     greedy = SamplingParams()
     room = int(backend.max_seq) - ctx - 2
     counts = list(range(1, max_tokens + 1)) + [n for n in PASS_POINTS if max_tokens < n <= min(pass_tokens, room)]
     runs: list[list[float]] = [[] for _ in counts]  # [count][rep] seconds of one pass
     d0 = d1 = s1 = 0.0
-    drafter = getattr(backend, "drafter", None)
-    g = gamma or int(getattr(drafter, "gamma", 0) or 0)
-    rows_list = [r for r in draft_rows if r <= n_slots] if g > 0 and drafter is not None else []
     drafts: list[list[float]] = [[] for _ in rows_list]  # [rows][rep] a drafter pass (fastest of DRAFT_SAMPLES)
     sampled: list[float] = []  # [rep] a 1-row sampled drafter pass (its q and draws)
     hot = SamplingParams(temperature=SAMPLED_T, seed=1)
@@ -95,6 +94,8 @@ def profile_costs(backend, max_tokens: int, context: int = 64, reps: int = 5, ga
         # neighbour) slows all of them alike instead of inflating a few counts — whose clipping to a non-decreasing
         # column would then flatten the table and make verify tokens look free. Fastest of the reps per count.
         for rep in range(reps):
+            backend.prefill(slots, [prompt] * n_slots)  # the target and the drafter at ctx tokens again
+            start = cache.lengths[slot0].clone()  # [1]
             for i, n in enumerate(counts):
                 if n > max_tokens and rep >= min(reps, 2):
                     continue

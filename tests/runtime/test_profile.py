@@ -63,6 +63,20 @@ def test_profile_measures_what_a_long_context_adds(tiny_pair) -> None:  # noqa: 
     assert int(backend.cache.lengths[:2].sum()) == 0
 
 
+def test_a_small_cache_is_profiled_without_overflowing(tiny_pair) -> None:  # noqa: ANN001
+    """A backend sized for short requests (an engine's max_length of a few dozen tokens, `dspark-trt bench` on short
+    prompts): every rep starts from a fresh prefill, so the drafter's context grows by one rep's timed passes (and
+    its γ proposed tokens) only, and the profile fits (it overflowed the cache before, failing the whole command)."""
+    from dspark_trt.runtime.drafters import load_drafter
+
+    target = load_hf_checkpoint(tiny_pair.target, dtype=torch.float32)
+    lm = load_drafter(tiny_pair.draft, target, dtype=torch.float32)  # an LM drafter: its proposals need cache room
+    backend = SpecBackend(target, lm, max_batch=2, max_seq=24)  # a 14-token prompt + 8 new + 2 (bench's sizing)
+    table = profile_costs(backend, lm.gamma + 1, reps=5)
+    assert table.tokens[:lm.gamma + 1] == tuple(range(1, lm.gamma + 2)) and table.draft_t0 + table.draft_t1 > 0
+    assert int(backend.cache.lengths[:2].sum()) == 0
+
+
 def test_pass_tokens_bounds_the_sparse_points(backend: SpecBackend) -> None:
     assert profile_costs(backend, 5, reps=1, pass_tokens=32).tokens == (1, 2, 3, 4, 5, 16, 32)
 

@@ -228,6 +228,25 @@ def test_bench_writes_a_report(tiny_pair, tmp_path, capsys, caplog) -> None:
                  "--no-hf", "--out", str(out)]) != 0
     assert 'must be a JSON object with "prompt"' in caplog.text
 
+def test_bench_hf_row_runs_in_the_dtype_its_products_are_fast_in(tiny_pair, tmp_path) -> None:
+    """The Hugging Face baseline row: bf16 where bf16 matrix products are fast, else fp32 and labelled so (a CPU
+    without AVX512_BF16 / AMX runs torch's bf16 GEMM ~100x slower); ours are compared with it in the vs-HF column."""
+    from dspark_trt.cli import main
+    from dspark_trt.runtime.ops import bf16_matmul_fast
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "def main(argv):", "chat": false, "kind": "code"}\n')
+    out = tmp_path / "bench.md"
+    assert main(["bench", "--target", str(tiny_pair.target), "--draft", str(tiny_pair.draft), "--dtype", "float32",
+                 "--max-new-tokens", "6", "--repeats", "1", "--prompts", str(prompts), "--policies", "survival",
+                 "--no-useless-drafter", "--no-suffix", "--out", str(out)]) == 0
+    text = out.read_text()
+    label = "HF generate (bf16)" if bf16_matmul_fast() else "HF generate (fp32: bf16 products are slow on this CPU)"
+    assert f"| {label} |" in text, text
+    plain = next(line for line in text.splitlines() if line.startswith("| ours plain |"))
+    assert plain.split("|")[4].strip().endswith("×"), plain  # vs HF: a ratio, not "–"
+
+
 def test_bench_sampled_rows_keep_plain_samplings_tokens_with_the_suffix_match(tiny_pair, tmp_path) -> None:
     """--temperature: every engine samples prompt i with seed --seed + i; the suffix row (its rounds coupled to the
     target's sampler) commits plain sampling's tokens in every run."""
