@@ -7,7 +7,8 @@ Owns: the kernel choice — `choose_kernel`, the one function every caller asks 
 `kernel_path`, which forces one path inside a block — and the pure-torch ("torch") implementations: products row
 by row (one [1, in] product per row, the same call whatever the batch; a long prompt's rows in one product of its
 own), per-query attention spans, per-request long-prompt attention, the torch path's product dtype (chosen by
-measurement), and whether bf16 matrix products are fast on this CPU (`bf16_matmul_fast`, measured). Knows nothing about models or caches beyond the tensors it is handed.
+measurement), and whether bf16 matrix products are fast on this CPU (`bf16_matmul_fast`, measured). Knows nothing
+about models or caches beyond the tensors it is handed.
 """
 from __future__ import annotations
 
@@ -114,21 +115,30 @@ def ragged_rows(T: int, lengths: Sequence[int]) -> Iterator[None]:
         _rows.reset(token)
 
 
+def _fastest_bf16_fp32(op, fp32_args: tuple[torch.Tensor, ...], rounds: int, calls: int = 1,
+                       give_up: float = float("inf")) -> dict[str, float]:  # noqa: ANN001 - a product
+    """Fastest seconds of `calls` × op on fp32_args and on their bf16 copies, interleaved `rounds` times (a drift in
+    the machine's speed hits both alike); stops early once bf16 is give_up × slower than fp32."""
+    cases = (("bf16", tuple(t.bfloat16() for t in fp32_args)), ("fp32", fp32_args))
+    best = {"bf16": float("inf"), "fp32": float("inf")}
+    for _ in range(rounds):
+        for name, args in cases:
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                op(*args)
+            best[name] = min(best[name], time.perf_counter() - t0)
+        if best["bf16"] > give_up * best["fp32"]:
+            break
+    return best
+
+
 def _bf16_via_f32() -> bool:
     """Whether bf16 products are faster on fp32 kernels (upcast weights, output rounded to bf16) than on torch's
     bf16 kernels on this CPU: measured once per process (CPUs without native bf16 run bf16 GEMV several times slower)."""
     if "bf16" not in _f32_products:
         g = torch.Generator().manual_seed(0)
-        w = torch.randn(1536, 576, generator=g)
-        x = torch.randn(576, generator=g)
-        wb, xb = w.bfloat16(), x.bfloat16()
-        best = {"bf16": float("inf"), "fp32": float("inf")}
-        for _ in range(12):  # interleaved, so a drift in the machine's speed hits both alike
-            for name, (ww, xx) in (("bf16", (wb, xb)), ("fp32", (w, x))):
-                t0 = time.perf_counter()
-                for _ in range(4):
-                    torch.mv(ww, xx)
-                best[name] = min(best[name], time.perf_counter() - t0)
+        best = _fastest_bf16_fp32(torch.mv, (torch.randn(1536, 576, generator=g), torch.randn(576, generator=g)),
+                                  rounds=12, calls=4)
         _f32_products["bf16"] = best["fp32"] < best["bf16"]
         log.info("torch path: bf16 products on %s kernels (one [1536, 576] GEMV x4: bf16 %.2f ms, fp32 %.2f ms)",
                  "fp32" if _f32_products["bf16"] else "bf16", best["bf16"] * 1e3, best["fp32"] * 1e3)
@@ -143,16 +153,8 @@ def bf16_matmul_fast(device: torch.device | str = "cpu") -> bool:
         return True
     if "gemm" not in _f32_products:
         g = torch.Generator().manual_seed(0)
-        a, b = torch.randn(256, 576, generator=g), torch.randn(576, 1536, generator=g)
-        ab, bb = a.bfloat16(), b.bfloat16()
-        best = {"bf16": float("inf"), "fp32": float("inf")}
-        for _ in range(3):  # interleaved; the first bf16 product that takes longer than 50 fp32 ones decides
-            for name, (x, y) in (("fp32", (a, b)), ("bf16", (ab, bb))):
-                t0 = time.perf_counter()
-                x @ y
-                best[name] = min(best[name], time.perf_counter() - t0)
-            if best["bf16"] > 50 * best["fp32"]:
-                break
+        ab = (torch.randn(256, 576, generator=g), torch.randn(576, 1536, generator=g))
+        best = _fastest_bf16_fp32(torch.matmul, ab, rounds=3, give_up=50.0)  # one slow bf16 product decides
         _f32_products["gemm"] = best["fp32"] < best["bf16"]
         log.info("bf16 matrix products %s here ([256, 576] x [576, 1536]: bf16 %.2f ms, fp32 %.2f ms)",
                  "slower than fp32" if _f32_products["gemm"] else "fast", best["bf16"] * 1e3, best["fp32"] * 1e3)

@@ -70,10 +70,8 @@ def grow_layers(model: DSparkModel, n: int) -> DSparkModel:
             grown.layers[i].load_state_dict(model.layers[old - 1].state_dict())
             grown.layers[i].o_proj.weight.zero_()
             grown.layers[i].down_proj.weight.zero_()
-    if model._embed is not None and model._head is not None:
-        grown._embed, grown._head = model._embed, model._head
     log.info("drafter grown from %d to %d decoder layers (new layers start as the identity)", old, n)
-    return grown.to(next(model.parameters()).dtype)
+    return _grown_like(model, grown)
 
 
 def grow_markov_rank(model: DSparkModel, r: int) -> DSparkModel:
@@ -100,10 +98,8 @@ def grow_markov_rank(model: DSparkModel, r: int) -> DSparkModel:
             cw[:, :d + old] = state.pop("confidence.weight").float()
             state["confidence.weight"] = cw
     grown.load_state_dict(state)
-    if model._embed is not None and model._head is not None:
-        grown._embed, grown._head = model._embed, model._head
     log.info("drafter Markov head grown from rank %d to %d (new components start silent)", old, r)
-    return grown.to(next(model.parameters()).dtype)
+    return _grown_like(model, grown)
 
 
 def init_from_target(model: DSparkModel, hf_target: torch.nn.Module) -> None:
@@ -157,7 +153,12 @@ def grow_taps(model: DSparkModel, layers: Sequence[int]) -> DSparkModel:
             w[:, j * d:(j + 1) * d] = w_old[:, i * d:(i + 1) * d]
         state["fc.weight"] = w
     grown.load_state_dict(state)
+    log.info("drafter taps grown from %s to %s (new taps start silent)", list(old), list(new))
+    return _grown_like(model, grown)
+
+
+def _grown_like(model: DSparkModel, grown: DSparkModel) -> DSparkModel:
+    """`grown` with `model`'s attached target weights (by reference) and parameter dtype."""
     if model._embed is not None and model._head is not None:
         grown._embed, grown._head = model._embed, model._head
-    log.info("drafter taps grown from %s to %s (new taps start silent)", list(old), list(new))
     return grown.to(next(model.parameters()).dtype)
