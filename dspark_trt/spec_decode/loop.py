@@ -23,10 +23,12 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from dspark_trt.errors import InvalidArgumentError
+from dspark_trt.spec_decode.calibrate import OnlineCosts
 from dspark_trt.spec_decode.confidence import survival
 from dspark_trt.spec_decode.costs import NO_PREFILL, RoundLoad
 from dspark_trt.spec_decode.executor import BackendExecutor
@@ -54,6 +56,9 @@ class LoopConfig:
     # then prefilled over several steps while the generating requests keep their rounds; it starts generating
     # when its prompt is in. Needs an executor with chunked_prefill (else whole prompts).
     prefill_chunk: int = 0
+    # the table is refitted from the loop's own timed rounds (spec_decode.calibrate.OnlineCosts); False: the
+    # profiled table as is (reproducible K choices, e.g. to compare policies against one fixed price list)
+    calibrate: bool = True
 
     def __post_init__(self) -> None:
         if self.gamma < 0:
@@ -161,15 +166,19 @@ class RoundScheduler:
     suffix: the suffix proposer (spec_decode.suffix: its cross-request index of recent outputs and its learned
     confidences) for requests whose policy lists "suffix" in proposers; share one like `gate`; default: made on
     first use.
+    costs: the cost table as the rounds price it (spec_decode.calibrate.OnlineCosts: config.cost_table refitted
+    from this loop's timed rounds); share one like `gate`; default: a fresh one (None with config.calibrate off).
     """
 
     def __init__(self, executor: RoundExecutor | Backend, config: LoopConfig = LoopConfig(), speculate: bool = True,
-                 gate: GateMemory | None = None, suffix: SuffixProposer | None = None) -> None:
+                 gate: GateMemory | None = None, suffix: SuffixProposer | None = None,
+                 costs: OnlineCosts | None = None) -> None:
         self.executor: RoundExecutor = executor if isinstance(executor, RoundExecutor) else BackendExecutor(executor)
         self.config = config
         self.speculate = speculate
         self.gate = GateMemory() if gate is None else gate
         self.suffix = suffix
+        self.costs = costs if costs is not None or not config.calibrate else OnlineCosts(config.cost_table)
         self._key = object()  # this scheduler's part of its requests' keys in a shared SuffixProposer
         self._ids = itertools.count()
         self._waiting: list[tuple[int, Request]] = []
@@ -363,11 +372,17 @@ class RoundScheduler:
         return [self.suffix.propose((self._key, a.rid), a.sequence, c, min_first=floor) if w else None
                 for a, c, w in zip(acts, caps, want)]
 
+    @property
+    def cost_table(self) -> CostTable:
+        """What the next round prices with: the calibrated table (self.costs), else config.cost_table."""
+        return self.costs.table if self.costs is not None else self.config.cost_table
+
     def _round(self, events: dict[int, RoundEvent], load: RoundLoad = NO_PREFILL) -> None:
+        start = time.perf_counter()
         acts = list(self._active.values())
         b = len(acts)
         cfgs, states = [a.req.policy for a in acts], [a.state for a in acts]
-        table = self.config.cost_table
+        table = self.cost_table
         caps = self._caps(acts)  # the most each row may verify, whoever proposes
         sfx = self._suffix_proposals(acts, caps)  # [B]: a dict probe per match order, no model pass
         dcaps = [c if cfg.uses(DSPARK) and self.executor.can_draft else 0 for c, cfg in zip(caps, cfgs)]
@@ -389,6 +404,7 @@ class RoundScheduler:
         ks = schedule_batch(cfgs, states, plan.avail, plan.conf, table, load=load, contexts=ctx)
         out = self.executor.verify(acts, plan.block(max(ks)), ks)  # tokens [B, K], q [B, K, V] | None
         self.batched_rounds += 1
+        self._account(acts, ks, ctx, rows, sampled, load, start)
         for i, act in enumerate(acts):
             n_acc, src = out.accepted[i], plan.source[i] if ks[i] > 0 else NONE
             if sfx[i] is not None and self.suffix is not None:  # c_j learns from every round it proposed in
@@ -413,9 +429,14 @@ class RoundScheduler:
             if done:
                 self._finish(act)
 
+    def _account(self, acts: list[_Active], ks: list[int], ctx: list[int], rows: list[int], sampled: list[bool],
+                 load: RoundLoad, start: float) -> None:
+        """Fold the round's wall time so far (proposals, drafter pass, verify, acceptance) into the calibrated table
+        (not a round whose prompt tokens shared its verify pass: calibrate.OnlineCosts)."""
+        if self.costs is None or (load.fused and load.prefill_tokens):
+            return
+        self.costs.observe(time.perf_counter() - start, ks, ctx, rows, sum(sampled[i] for i in rows))
 
-@dataclass
-class GenerateResult:
     tokens: list[int]  # generated token ids (prompt excluded)
     finish_reason: str
     stats: SpecStats
@@ -432,10 +453,11 @@ def generate(
     config: LoopConfig = LoopConfig(),
     gate: GateMemory | None = None,
     suffix: SuffixProposer | None = None,
+    costs: OnlineCosts | None = None,
 ) -> GenerateResult:
     """Run one request to completion (`gate`: the survival gate's memory of earlier requests, `suffix`: the suffix
-    proposer's, see RoundScheduler)."""
-    sched = RoundScheduler(backend, config, gate=gate, suffix=suffix)
+    proposer's, `costs`: the calibrated cost table's, see RoundScheduler)."""
+    sched = RoundScheduler(backend, config, gate=gate, suffix=suffix, costs=costs)
     rid = sched.add(Request(tuple(int(t) for t in prompt_ids), max_new_tokens, sampling, policy,
                             tuple(int(e) for e in eos_ids), tuple(tuple(int(t) for t in s) for s in stop_sequences)))
     tokens: list[int] = []

@@ -1,0 +1,161 @@
+"""The cost table corrected online from the loop's own timed rounds.
+
+Owns `OnlineCosts`: the spec_decode.costs.CostTable the K rule and the proposer choice read in each round of
+spec_decode.loop.RoundScheduler, refitted from the wall time of the rounds the loop has run. The profiled table
+(runtime.profile.profile_costs) times each part of a round alone, hot, once, at start; a round in the loop also pays
+the acceptance, the commit and the loop's Python per verify token and per drafted row, runs on caches the other
+passes just evicted, and a VM's speed drifts after the profile. Measured in process on a 2-core Zen 3 VM (avx2
+engine), two concurrent requests, one profile: a plain round took 1.10× its table price, a round verifying a
+suffix proposal of 2–4 tokens 1.30×, a round that drafted one row 1.29–1.54× — the rule believed a drafter pass
+cost a third of a plain round when it cost two thirds, drafted rounds it could not pay for, and ran at 0.86× plain.
+
+Model (per round, n = verify tokens Σ_r(1 + K_r), d = drafted rows):
+    T ≈ θ_s·S + θ_n·n + θ_d·D,
+    S = step(n) + Σ_r row_seconds(context_r, 1 + K_r)       (the table's target pass),
+    D = draft(d, sampled) + Σ_drafted draft_row_seconds(context_r)  (the table's drafter pass, 0 when d = 0).
+θ is a ridge regression over the rounds seen (exponentially forgotten: `window` rounds), shrunk toward
+g·(1, 0, 1) — the table's own shape at the measured scale g = ΣT / Σ(S + D) — with the weight of `prior_rounds`
+rounds per feature, so a feature the loop has not exercised lately (no drafted round while the gate is closed) drifts
+back to the profiled price and the gate probes again. The corrected table: seconds θ_s·s + θ_n·tokens per profiled
+point, the drafter's columns × θ_d, the context columns of the target pass × θ_s. Only ratios of costs move the
+rule's choices, so g alone changes none; the per-token price θ_n and the drafter's θ_d do.
+
+Rounds whose prompt tokens share the verify pass (a fused prefill) are not folded: their pass holds tokens the
+features do not. Pure Python; the loop times its rounds (time.perf_counter) and calls `observe`.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from dspark_trt.errors import InvalidArgumentError
+from dspark_trt.spec_decode.costs import CostTable
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CalibrationConfig", "OnlineCosts", "solve3"]
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """How fast the table follows the loop's rounds."""
+
+    window: float = 200.0  # rounds: each round's weight decays by 1 − 1/window per later round
+    prior_rounds: float = 0.25  # the profiled shape of the token and drafter prices weighs like this many rounds
+    min_rounds: int = 16  # the profiled table is used as is until this many rounds are folded
+    refresh: int = 8  # the corrected table is rebuilt every this many folded rounds
+    bounds: tuple[float, float] = (0.2, 5.0)  # θ_s and θ_d stay within these multiples of g
+
+    def __post_init__(self) -> None:
+        lo, hi = self.bounds
+        if self.window < 1 or self.prior_rounds <= 0 or self.min_rounds < 0 or self.refresh < 1 or not 0 < lo < 1 < hi:
+            raise InvalidArgumentError(f"calibration needs window ≥ 1, prior_rounds > 0, min_rounds ≥ 0, refresh ≥ 1 "
+                                       f"and bounds 0 < lo < 1 < hi, got {self}")
+
+
+def solve3(a: Sequence[Sequence[float]], b: Sequence[float]) -> list[float]:
+    """x with a·x = b for a 3×3 symmetric positive-definite a (Cholesky, plain Python)."""
+    l00 = a[0][0] ** 0.5
+    l10, l20 = a[1][0] / l00, a[2][0] / l00
+    l11 = (a[1][1] - l10 * l10) ** 0.5
+    l21 = (a[2][1] - l20 * l10) / l11
+    l22 = (a[2][2] - l20 * l20 - l21 * l21) ** 0.5
+    y0 = b[0] / l00
+    y1 = (b[1] - l10 * y0) / l11
+    y2 = (b[2] - l20 * y0 - l21 * y1) / l22
+    x2 = y2 / l22
+    x1 = (y1 - l21 * x2) / l11
+    return [(y0 - l10 * x1 - l20 * x2) / l00, x1, x2]
+
+
+class OnlineCosts:
+    """The profiled `base` table, refitted from timed rounds (module doc); `table` is what a round prices with.
+
+    One per stream of rounds (a RoundScheduler's, or shared by the schedulers of one engine like GateMemory)."""
+
+    def __init__(self, base: CostTable, config: CalibrationConfig = CalibrationConfig()) -> None:
+        self.base = base
+        self.config = config
+        self.table = base
+        self.rounds = 0  # rounds folded
+        self.theta = (1.0, 0.0, 1.0)  # (θ_s, θ_n, θ_d) of the current table (seconds per table unit)
+        self.scale = 1.0  # g of the current table
+        self.fitted = False  # `table` is a refit (else the profiled table as is)
+        self._w = 0.0  # Σ decayed weights
+        self._xx = [[0.0] * 3 for _ in range(3)]  # Σ w·x xᵀ
+        self._xt = [0.0] * 3  # Σ w·x·T
+        self._t = 0.0  # Σ w·T
+        self._p = 0.0  # Σ w·(S + D)
+
+    def features(self, ks: Sequence[int], contexts: Sequence[int] | None, drafted: Sequence[int] = (),
+                 sampled: int = 0) -> tuple[float, float, float]:
+        """(S, n, D) of a round whose rows verified ks (contexts: their cached tokens; drafted: the indices of the rows
+        the drafter ran for, `sampled` of them sampling) under the profiled table."""
+        b = self.base
+        ctx = list(contexts) if contexts is not None else [None] * len(ks)
+        n = sum(1 + k for k in ks)
+        s = b.step_seconds(n) + sum(b.row_seconds(c, 1 + k) for c, k in zip(ctx, ks))
+        d = (b.draft_seconds(len(drafted), sampled) + sum(b.draft_row_seconds(ctx[i]) for i in drafted)
+             if drafted else 0.0)
+        return s, float(n), d
+
+    def observe(self, seconds: float, ks: Sequence[int], contexts: Sequence[int] | None = None,
+                drafted: Sequence[int] = (), sampled: int = 0) -> None:
+        """Fold one round that took `seconds` (its arguments as in `features`); refit every `refresh` rounds."""
+        if not ks or not seconds > 0.0:
+            return
+        x = self.features(ks, contexts, drafted, sampled)
+        if self._p > 0.0:  # a round the VM stalled (or a cold page storm) moves the fit by at most 3× its price
+            th = self.theta if self.fitted else (self._t / self._p, 0.0, self._t / self._p)
+            pred = th[0] * x[0] + th[1] * x[1] + th[2] * x[2]
+            seconds = min(max(seconds, pred / 3.0), 3.0 * pred)
+        decay = 1.0 - 1.0 / self.config.window
+        self._w = self._w * decay + 1.0
+        self._t = self._t * decay + seconds
+        self._p = self._p * decay + x[0] + x[2]
+        for i in range(3):
+            self._xt[i] = self._xt[i] * decay + x[i] * seconds
+            for j in range(3):
+                self._xx[i][j] = self._xx[i][j] * decay + x[i] * x[j]
+        self.rounds += 1
+        if self.rounds >= self.config.min_rounds and self.rounds % self.config.refresh == 0:
+            self.refit()
+
+    def refit(self) -> None:
+        """Solve the ridge regression and rebuild `table` (module doc)."""
+        if self._w <= 0.0 or self._p <= 0.0:
+            return
+        g = self._t / self._p  # seconds per table unit, the table's shape taken as is
+        prior = (g, 0.0, g)
+        scale = [self._xx[i][i] / self._w for i in range(3)]  # mean x_i² over the rounds seen
+        floor = 1e-9 * max(scale[0], 1e-30)
+        scale[1] = max(scale[1], 1.0)  # n ≥ 1 in every round
+        scale[2] = scale[2] if scale[2] > floor else self.base.draft_seconds(1) ** 2 or scale[0]  # never drafted
+        weight = [0.0, self.config.prior_rounds, self.config.prior_rounds]  # the pass is in every round: no prior
+        a = [[self._xx[i][j] + (weight[i] * scale[i] if i == j else 0.0) for j in range(3)] for i in range(3)]
+        rhs = [self._xt[i] + weight[i] * scale[i] * prior[i] for i in range(3)]
+        try:
+            th_s, th_n, th_d = solve3(a, rhs)
+        except (ValueError, ZeroDivisionError):  # not positive-definite (cannot happen with the prior): keep table
+            return
+        lo, hi = self.config.bounds
+        th_s = min(max(th_s, lo * g), hi * g)
+        th_d = min(max(th_d, lo * g), hi * g)
+        th_n = min(max(th_n, 0.0), self.base.step_seconds(1) * g)  # a verify token never costs more than a step
+        first, self.fitted = not self.fitted, True
+        self.theta, self.scale = (th_s, th_n, th_d), g
+        b = self.base
+        self.table = replace(b, seconds=tuple(th_s * s + th_n * t for s, t in zip(b.seconds, b.tokens)),
+                             draft_t0=th_d * b.draft_t0, draft_t1=th_d * b.draft_t1, sampled_t1=th_d * b.sampled_t1,
+                             ctx_t0=th_s * b.ctx_t0, ctx_t1=th_s * b.ctx_t1, draft_ctx=th_d * b.draft_ctx)
+        (log.info if first else log.debug)("cost table calibrated from %d rounds: %s", self.rounds, self.summary())
+
+    def summary(self) -> dict[str, float]:
+        """The fit relative to the profiled table: rounds folded, scale g, and per table unit of g the target pass
+        θ_s/g, a verify token θ_n/g (as a fraction of a profiled one-token step), the drafter pass θ_d/g."""
+        g = self.scale
+        th_s, th_n, th_d = self.theta
+        one = self.base.step_seconds(1)
+        return {"rounds": float(self.rounds), "scale": g, "target": th_s / g, "token": th_n / g / one,
+                "drafter": th_d / g}
