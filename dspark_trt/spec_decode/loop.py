@@ -179,6 +179,7 @@ class RoundScheduler:
         self.gate = GateMemory() if gate is None else gate
         self.suffix = suffix
         self.costs = costs if costs is not None or not config.calibrate else OnlineCosts(config.cost_table)
+        self.clock: Callable[[], float] = time.perf_counter  # what the rounds are timed with (seconds)
         self._key = object()  # this scheduler's part of its requests' keys in a shared SuffixProposer
         self._ids = itertools.count()
         self._waiting: list[tuple[int, Request]] = []
@@ -378,7 +379,7 @@ class RoundScheduler:
         return self.costs.table if self.costs is not None else self.config.cost_table
 
     def _round(self, events: dict[int, RoundEvent], load: RoundLoad = NO_PREFILL) -> None:
-        start = time.perf_counter()
+        start = self.clock()
         acts = list(self._active.values())
         b = len(acts)
         cfgs, states = [a.req.policy for a in acts], [a.state for a in acts]
@@ -435,8 +436,11 @@ class RoundScheduler:
         (not a round whose prompt tokens shared its verify pass: calibrate.OnlineCosts)."""
         if self.costs is None or (load.fused and load.prefill_tokens):
             return
-        self.costs.observe(time.perf_counter() - start, ks, ctx, rows, sum(sampled[i] for i in rows))
+        self.costs.observe(self.clock() - start, ks, ctx, rows, sum(sampled[i] for i in rows))
 
+
+@dataclass
+class GenerateResult:
     tokens: list[int]  # generated token ids (prompt excluded)
     finish_reason: str
     stats: SpecStats
