@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import torch
 
 from dspark_trt.errors import InvalidArgumentError
-from dspark_trt.spec_decode.calibrate import OnlineCosts
+from dspark_trt.spec_decode.calibrate import Calibration
 from dspark_trt.spec_decode.loop import GenerateResult, LoopConfig
 from dspark_trt.spec_decode.loop import generate as loop_generate
 from dspark_trt.spec_decode.sampling import SamplingParams
@@ -184,7 +184,7 @@ class SpeculativeDecodingEngine:
             cost_table = profile_costs(backend, draft_length + 1, reps=3)
         self.loop_config = LoopConfig(gamma=draft_length, cost_table=cost_table or CostTable.linear())
         self.gate = GateMemory()  # the survival gate carries across this engine's requests
-        self.costs = OnlineCosts(self.loop_config.cost_table)  # and the cost table calibrated from their rounds
+        self.calibration = Calibration(self.loop_config.cost_table)  # and what their rounds measured
         from dspark_trt.runtime.default_model import corpus_for
 
         self.corpus = corpus_for(corpus, self.target.embed_tokens.weight, int(self.target.config.vocab_size)) \
@@ -216,7 +216,8 @@ class SpeculativeDecodingEngine:
         b.reset()
         start = time.perf_counter()
         res = loop_generate(b, prompt_ids, min(max_new_tokens, room), sp, policy or self.policy, self.eos_ids,
-                            stop_sequences, self.loop_config, self.gate, self.suffix, self.costs)
+                            stop_sequences, self.loop_config, self.gate, self.suffix,
+                            self.calibration)
         wall = time.perf_counter() - start
         self.last_result = res
         self._stats = self._summarise(res, wall, b.seconds["verify"], b.calls["verify"], b.seconds["draft"],

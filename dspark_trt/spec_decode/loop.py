@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from dspark_trt.errors import InvalidArgumentError
-from dspark_trt.spec_decode.calibrate import OnlineCosts
+from dspark_trt.spec_decode.calibrate import Calibration
 from dspark_trt.spec_decode.confidence import survival
 from dspark_trt.spec_decode.costs import NO_PREFILL, RoundLoad
 from dspark_trt.spec_decode.executor import BackendExecutor
@@ -56,8 +56,9 @@ class LoopConfig:
     # then prefilled over several steps while the generating requests keep their rounds; it starts generating
     # when its prompt is in. Needs an executor with chunked_prefill (else whole prompts).
     prefill_chunk: int = 0
-    # the table is refitted from the loop's own timed rounds (spec_decode.calibrate.OnlineCosts); False: the
-    # profiled table as is (reproducible K choices, e.g. to compare policies against one fixed price list)
+    # the table is refitted from the loop's own timed rounds and the drafter's c_j from what it verified
+    # (spec_decode.calibrate.Calibration); False: both as given (reproducible K choices, e.g. to compare policies
+    # against one fixed price list)
     calibrate: bool = True
 
     def __post_init__(self) -> None:
@@ -166,19 +167,21 @@ class RoundScheduler:
     suffix: the suffix proposer (spec_decode.suffix: its cross-request index of recent outputs and its learned
     confidences) for requests whose policy lists "suffix" in proposers; share one like `gate`; default: made on
     first use.
-    costs: the cost table as the rounds price it (spec_decode.calibrate.OnlineCosts: config.cost_table refitted
-    from this loop's timed rounds); share one like `gate`; default: a fresh one (None with config.calibrate off).
+    calibration: config.cost_table refitted from this loop's timed rounds and the drafter's confidences corrected
+    by its acceptance (spec_decode.calibrate.Calibration); share one like `gate`; default: a fresh one (None with
+    config.calibrate off).
     """
 
     def __init__(self, executor: RoundExecutor | Backend, config: LoopConfig = LoopConfig(), speculate: bool = True,
                  gate: GateMemory | None = None, suffix: SuffixProposer | None = None,
-                 costs: OnlineCosts | None = None) -> None:
+                 calibration: Calibration | None = None) -> None:
         self.executor: RoundExecutor = executor if isinstance(executor, RoundExecutor) else BackendExecutor(executor)
         self.config = config
         self.speculate = speculate
         self.gate = GateMemory() if gate is None else gate
         self.suffix = suffix
-        self.costs = costs if costs is not None or not config.calibrate else OnlineCosts(config.cost_table)
+        self.calibration = calibration if calibration is not None or not config.calibrate else \
+            Calibration(config.cost_table)
         self.clock: Callable[[], float] = time.perf_counter  # what the rounds are timed with (seconds)
         self._key = object()  # this scheduler's part of its requests' keys in a shared SuffixProposer
         self._ids = itertools.count()
@@ -375,8 +378,8 @@ class RoundScheduler:
 
     @property
     def cost_table(self) -> CostTable:
-        """What the next round prices with: the calibrated table (self.costs), else config.cost_table."""
-        return self.costs.table if self.costs is not None else self.config.cost_table
+        """What the next round prices with: the calibrated table, else config.cost_table."""
+        return self.calibration.table if self.calibration is not None else self.config.cost_table
 
     def _round(self, events: dict[int, RoundEvent], load: RoundLoad = NO_PREFILL) -> None:
         start = self.clock()
@@ -396,6 +399,11 @@ class RoundScheduler:
         for i, n in zip(rows, drafted.proposed if drafted is not None else ()):
             asked[i], proposed[i] = True, n
         block = drafted.block if drafted is not None else None
+        raw = None  # [R, γ'] the head's own c_j (the calibration learns from them; the round uses the corrected)
+        if block is not None and block.conf is not None and self.calibration is not None:
+            raw = block.conf
+            block = replace(block, conf=self.calibration.acceptance.correct(raw, [acts[i].sampling.greedy
+                                                                                   for i in rows]))
         models = {}  # row → the drafter's calibrated survival over its block (the gate's estimate folds it)
         if block is not None and block.conf is not None:
             surv = survival(block.conf).tolist()  # [R, γ'] one product over the drafted rows
@@ -414,6 +422,8 @@ class RoundScheduler:
                 elif act.sampling.greedy:  # the committed tokens are the target's argmax: what it would have kept
                     self.suffix.observe_committed(sfx[i], out.committed[i])  # type: ignore[arg-type]
             k_d, acc_d = (ks[i], n_acc) if src == DSPARK else (0, 0)  # the policy state learns the drafter only
+            if raw is not None and k_d and act.sampling.greedy:
+                self.calibration.acceptance.observe(raw[rows.index(i)].tolist(), k_d, acc_d)  # type: ignore[union-attr]
             c = observe(act.req.policy, act.state, k_d, acc_d, out.top1[i], out.margin[i], self.gate,
                         model=models.get(i))
             before = len(act.tokens)
@@ -434,9 +444,9 @@ class RoundScheduler:
                  load: RoundLoad, start: float) -> None:
         """Fold the round's wall time so far (proposals, drafter pass, verify, acceptance) into the calibrated table
         (not a round whose prompt tokens shared its verify pass: calibrate.OnlineCosts)."""
-        if self.costs is None or (load.fused and load.prefill_tokens):
+        if self.calibration is None or (load.fused and load.prefill_tokens):
             return
-        self.costs.observe(self.clock() - start, ks, ctx, rows, sum(sampled[i] for i in rows))
+        self.calibration.costs.observe(self.clock() - start, ks, ctx, rows, sum(sampled[i] for i in rows))
 
 
 @dataclass
@@ -457,11 +467,11 @@ def generate(
     config: LoopConfig = LoopConfig(),
     gate: GateMemory | None = None,
     suffix: SuffixProposer | None = None,
-    costs: OnlineCosts | None = None,
+    calibration: Calibration | None = None,
 ) -> GenerateResult:
     """Run one request to completion (`gate`: the survival gate's memory of earlier requests, `suffix`: the suffix
-    proposer's, `costs`: the calibrated cost table's, see RoundScheduler)."""
-    sched = RoundScheduler(backend, config, gate=gate, suffix=suffix, costs=costs)
+    proposer's, `calibration`: what earlier rounds measured, see RoundScheduler)."""
+    sched = RoundScheduler(backend, config, gate=gate, suffix=suffix, calibration=calibration)
     rid = sched.add(Request(tuple(int(t) for t in prompt_ids), max_new_tokens, sampling, policy,
                             tuple(int(e) for e in eos_ids), tuple(tuple(int(t) for t in s) for s in stop_sequences)))
     tokens: list[int] = []
