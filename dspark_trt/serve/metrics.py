@@ -1,7 +1,7 @@
 """Serving metrics on Triton's metrics port (pb_utils.MetricFamily), with an in-memory twin for tests.
 
-Owns the metric names and what feeds them: acceptance rate and τ (running gauges), the K histogram, round batch
-size, fallback / cancelled / speculation-off counters, draft and verify latency histograms, active requests and
+Owns the metric names and what feeds them: acceptance rate and τ (running gauges), the cost table's and the
+drafter's online calibration (gauges), the K histogram, round batch size, fallback / cancelled / speculation-off counters, draft and verify latency histograms, active requests and
 queue depth, and the counters per proposer (PROPOSER_COUNTERS, label proposer = "dspark" | "suffix": tokens each
 offered, verified and accepted, rounds it supplied; summed over proposers the verified and accepted ones equal
 dspark_drafted_tokens_total and dspark_accepted_tokens_total). `ServeMetrics(pb_utils)` inside the `dspark` model;
@@ -63,6 +63,14 @@ GAUGES = {
     "dspark_tau": "Running tau: committed tokens per target forward",
     "dspark_active_requests": "Requests holding a KV slot",
     "dspark_queue_depth": "Requests waiting or active in the round loop",
+    # what the round loop learned from its own rounds (spec_decode.calibrate; 1 / 0 / 1 before its first refit)
+    "dspark_calibrated_target_price": "A target pass as the calibrated cost table prices it, x its profiled price "
+                                      "(relative to the measured scale)",
+    "dspark_calibrated_drafter_price": "A drafter pass as the calibrated cost table prices it, x its profiled price "
+                                       "(relative to the measured scale)",
+    "dspark_calibrated_token_price": "What a verify token adds to a round beyond the profiled step curve, as a "
+                                     "fraction of a one-token step",
+    "dspark_drafter_confidence_ratio": "Accepted / predicted at draft position 1: the factor on the drafter's c_1",
 }
 HISTOGRAMS = {
     "dspark_k": ("Verify length K chosen per request per round", None),

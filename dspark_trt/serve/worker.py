@@ -405,6 +405,12 @@ class InflightBatcher:
             ready.append((job, ev))
         self.metrics.set("dspark_queue_depth", depth)
         self.metrics.set("dspark_active_requests", self.scheduler.active)
+        cal = self.scheduler.calibration
+        if cal is not None and cal.costs.rounds % cal.costs.config.refresh == 0:  # (it refits every `refresh`)
+            fit = cal.summary()
+            for gauge, key in (("target", "target"), ("drafter", "drafter"), ("token", "token")):
+                self.metrics.set(f"dspark_calibrated_{gauge}_price", fit[key])
+            self.metrics.set("dspark_drafter_confidence_ratio", fit["r1"])
         if ks:
             self.metrics.round_done(len(ks), ks, accepted, committed, speculate)
         for name, (offered, verified, acc, rounds) in by_proposer.items():

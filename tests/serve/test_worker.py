@@ -79,6 +79,10 @@ def test_jobs_share_rounds_and_get_their_own_tokens(reference) -> None:  # noqa:
         assert s.finish_reason in ("eos", "length", "stop") and s.finish_reason == s.stats["finish_reason"]
     assert max(s.stats["batch"]["max"] for s in sinks) == 4
     assert metrics.counters["dspark_fallback_total"] == 0
+    # the loop's online calibration (spec_decode.calibrate) is published: gauges start at 0, its values are > 0
+    assert batcher.scheduler.calibration is not None and batcher.scheduler.calibration.costs.rounds > 0
+    for name in ("dspark_calibrated_target_price", "dspark_calibrated_drafter_price", "dspark_drafter_confidence_ratio"):
+        assert metrics.gauges[name] > 0, name
 
 
 def test_cancel_frees_slot(reference, monkeypatch) -> None:  # noqa: ANN001
