@@ -140,7 +140,7 @@ def test_greedy_output_with_a_corpus_equals_plain(ref_backend, greedy_oracle, ti
     corpus = CorpusIndex(np.array(_flat(answers + noise)), int(target.config.vocab_size))
     prompt = [rng.randrange(3, 60) for _ in range(rng.randrange(2, 7))]
     res = generate(ref_backend("draft"), prompt, max_new_tokens=n, suffix=SuffixProposer(corpus=corpus),
-                   config=LoopConfig(gamma=5, cost_table=TABLE), policy=PolicyConfig(max_k=5, proposers=proposers))
+                   config=LoopConfig(gamma=5, cost_table=TABLE, calibrate=False), policy=PolicyConfig(max_k=5, proposers=proposers))
     assert res.tokens == greedy_oracle(target, prompt, n)
 
 
@@ -152,7 +152,7 @@ def test_batched_requests_with_a_shared_corpus_each_equal_plain(ref_backend, gre
                          int(target.config.vocab_size))
 
     def serve(index: CorpusIndex | None) -> int:
-        sched = RoundScheduler(ref_backend("draft", max_batch=3), LoopConfig(gamma=5, cost_table=TABLE),
+        sched = RoundScheduler(ref_backend("draft", max_batch=3), LoopConfig(gamma=5, cost_table=TABLE, calibrate=False),
                                suffix=SuffixProposer(corpus=index))
         ids = {sched.add(Request(tuple(p), 20, policy=PolicyConfig(max_k=5, proposers=("suffix",)))): i
                for i, p in enumerate(prompts)}

@@ -80,7 +80,7 @@ STEEP = CostTable((1, 64, 2048), (1.0, 1.063, 1.063 + 1984.0))
 
 def _rounds(executor: BackendExecutor, prompt: list[int], n: int) -> tuple[list[int], list[int]]:
     """One survival request (gate off) → (its K per round, its tokens)."""
-    sched = RoundScheduler(executor, LoopConfig(gamma=4, cost_table=STEEP))
+    sched = RoundScheduler(executor, LoopConfig(gamma=4, cost_table=STEEP, calibrate=False))
     rid = sched.add(Request(tuple(prompt), n, policy=PolicyConfig(policy="survival", max_k=4, gate=False)))
     tokens: list[int] = []
     while True:

@@ -188,7 +188,7 @@ def test_useless_drafter_runs_rarely_and_output_stays_exact(ref_backend, greedy_
     be = _UselessDrafter(ref_backend("draft"))
     prompt, n = [11, 22, 33, 44, 55], 60
     res = generate(be, prompt, max_new_tokens=n, policy=PolicyConfig(policy="survival", max_k=4),
-                   config=LoopConfig(gamma=4, cost_table=TABLE))
+                   config=LoopConfig(gamma=4, cost_table=TABLE, calibrate=False))
     assert res.tokens == greedy_oracle(tiny_models["target"], prompt, n)
     assert be.draft_calls <= 8, be.draft_calls  # of ~60 rounds
 
@@ -199,7 +199,7 @@ def test_useless_drafter_across_requests_shares_one_gate(ref_backend, greedy_ora
     prompts = [[11, 22, 33, 44, 55], [7, 8, 9], [100, 3, 5, 9, 2, 4], [42]]
     for prompt in prompts:
         res = generate(be, prompt, max_new_tokens=30, policy=PolicyConfig(policy="survival", max_k=4),
-                       config=LoopConfig(gamma=4, cost_table=TABLE), gate=gate)
+                       config=LoopConfig(gamma=4, cost_table=TABLE, calibrate=False), gate=gate)
         assert res.tokens == greedy_oracle(tiny_models["target"], prompt, 30)
     assert be.draft_calls <= 8, be.draft_calls  # of ~120 rounds over 4 requests (alone: ≥ 4 probes each)
 

@@ -146,7 +146,7 @@ def test_greedy_output_equals_plain_with_any_proposers(ref_backend, greedy_oracl
                                                        k, gamma, proposers, n) -> None:
     prompt = piece * reps  # repeats give the suffix proposer matches from the first round
     be = ref_backend("draft")
-    res = generate(be, prompt, max_new_tokens=n, config=LoopConfig(gamma=gamma, cost_table=TABLE),
+    res = generate(be, prompt, max_new_tokens=n, config=LoopConfig(gamma=gamma, cost_table=TABLE, calibrate=False),
                    policy=PolicyConfig(policy=policy, k=k, min_k=1, max_k=max(k, 1), proposers=proposers))
     assert res.tokens == greedy_oracle(tiny_models["target"], prompt, n)
     s = res.stats
@@ -163,7 +163,7 @@ def test_batched_mixed_proposers_each_equal_plain(ref_backend, greedy_oracle, ti
                                                   max_batch) -> None:
     """Several requests in flight with different proposers (one shared cross-request index), each lossless."""
     be = ref_backend("draft", max_batch=max_batch)
-    sched = RoundScheduler(be, LoopConfig(gamma=5, cost_table=TABLE), suffix=SuffixProposer())
+    sched = RoundScheduler(be, LoopConfig(gamma=5, cost_table=TABLE, calibrate=False), suffix=SuffixProposer())
     ids = {sched.add(Request(tuple(p * 2), lens[i], policy=PolicyConfig(max_k=5, proposers=proposers[i]))): i
            for i, p in enumerate(pieces)}
     out: dict[int, list[int]] = {r: [] for r in ids}
@@ -185,7 +185,7 @@ def test_suffix_alone_needs_no_drafter_and_saves_target_calls(tiny_models, greed
     sp = SuffixProposer()
     sp.release("earlier", prompt + ref, len(prompt))  # an earlier request wrote this very output
     res = generate(be, prompt, max_new_tokens=40, policy=PolicyConfig(max_k=6, proposers=("suffix",)),
-                   config=LoopConfig(gamma=6, cost_table=TABLE), suffix=sp)
+                   config=LoopConfig(gamma=6, cost_table=TABLE, calibrate=False), suffix=sp)
     assert res.tokens == ref and be.draft_calls == 0
     s = res.stats.by_proposer["suffix"]
     assert s.accepted_tokens >= 30 and res.stats.tau > 3  # the output is copied from the cross-request index
@@ -198,7 +198,7 @@ def test_useless_drafter_rule_holds_with_both_proposers(ref_backend, greedy_orac
     be = _UselessDrafter(ref_backend("draft"))
     prompt, n = [11, 22, 33, 44, 55], 60
     res = generate(be, prompt, max_new_tokens=n, policy=PolicyConfig(max_k=4, proposers=HYBRID),
-                   config=LoopConfig(gamma=4, cost_table=TABLE))
+                   config=LoopConfig(gamma=4, cost_table=TABLE, calibrate=False))
     assert res.tokens == greedy_oracle(tiny_models["target"], prompt, n)
     assert be.draft_calls <= 8, be.draft_calls  # of ~60 rounds: the gate still closes the drafter
 
@@ -271,7 +271,7 @@ def test_sampled_hybrid_rounds_mix_dspark_q_and_one_hot_q_and_reproduce(ref_back
     a seed fixes the output."""
     def run() -> tuple[dict[int, list[int]], RoundScheduler]:
         be = ref_backend("draft", max_batch=3)
-        sched = RoundScheduler(be, LoopConfig(gamma=4, cost_table=TABLE), suffix=SuffixProposer())
+        sched = RoundScheduler(be, LoopConfig(gamma=4, cost_table=TABLE, calibrate=False), suffix=SuffixProposer())
         ids = [sched.add(Request(tuple(p), 30, SamplingParams(temperature=0.7, seed=s),
                                  PolicyConfig(max_k=4, proposers=HYBRID)))
                for s, p in enumerate([[5, 6, 7, 8] * 4, [9, 10, 11] * 3, [12, 13] * 5])]
@@ -313,7 +313,7 @@ def test_sampled_suffix_dspark_and_hybrid_rows_keep_the_target_joint_distributio
     for x, w in enumerate(after.tolist()):  # every token has a continuation: the suffix proposes every round
         sp.cross.add([x, w, int(after[w])])
     be = ref_backend("draft", max_batch=8)
-    sched = RoundScheduler(be, LoopConfig(gamma=2, cost_table=TABLE), suffix=sp)
+    sched = RoundScheduler(be, LoopConfig(gamma=2, cost_table=TABLE, calibrate=False), suffix=sp)
     kinds = {"suffix": ("suffix",), "dspark": ("dspark",), "hybrid": HYBRID}
     rid_kind: dict[int, str] = {}
     for s in range(n):
@@ -363,7 +363,7 @@ def test_seeded_sampled_suffix_rows_commit_plain_samplings_tokens(ref_backend, t
         sp = SuffixProposer(SuffixConfig(min_match=1, max_match=1))
         for x, w in enumerate(after.tolist()):
             sp.cross.add([x, w, int(after[w])])
-        sched = RoundScheduler(ref_backend("draft", max_batch=8), LoopConfig(gamma=4, cost_table=TABLE), suffix=sp)
+        sched = RoundScheduler(ref_backend("draft", max_batch=8), LoopConfig(gamma=4, cost_table=TABLE, calibrate=False), suffix=sp)
         rid: dict[int, tuple[int, int]] = {}
         for i, p in enumerate(prompts):
             for t, temp in enumerate(temps):
