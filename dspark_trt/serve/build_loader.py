@@ -77,9 +77,10 @@ def make_batcher(cfg: ServeConfig, loaded: LoadedBackend, metrics: ServeMetrics,
 
         # every verify size 1..γ+1, then pass sizes up to a full batch's verify (slots × (γ + 1) tokens, ≤ 512)
         table = profile_costs(loaded.backend, cfg.gamma + 1, reps=3, pass_tokens=cfg.max_batch * (cfg.gamma + 1))
-    config = LoopConfig(gamma=cfg.gamma, prefill_chunk=cfg.prefill_chunk) if table is None else \
-        LoopConfig(gamma=cfg.gamma, cost_table=table, prefill_chunk=cfg.prefill_chunk)
-    from dspark_trt.serve.config import suffix_corpus_on, suffix_recent_tokens  # noqa: PLC0415
+    from dspark_trt.serve.config import calibrate_on, suffix_corpus_on, suffix_recent_tokens  # noqa: PLC0415
+
+    config = LoopConfig(gamma=cfg.gamma, prefill_chunk=cfg.prefill_chunk, calibrate=calibrate_on()) if table is None \
+        else LoopConfig(gamma=cfg.gamma, cost_table=table, prefill_chunk=cfg.prefill_chunk, calibrate=calibrate_on())
     from dspark_trt.spec_decode.suffix import SuffixConfig, SuffixProposer  # noqa: PLC0415
 
     base = SuffixConfig()

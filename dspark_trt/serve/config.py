@@ -48,13 +48,28 @@ def suffix_recent_tokens(default: int) -> int:
 SUFFIX_CORPUS_ENV = "DSPARK_SUFFIX_CORPUS"  # "0": serve without the build's corpus.npz (spec_decode.corpus)
 
 
+CALIBRATE_ENV = "DSPARK_CALIBRATE"  # "0": price rounds with the startup profile as is (spec_decode.calibrate off)
+
+
+def _switch(env: str, off: str) -> bool:
+    """An on/off environment switch: unset or "1" → True, "0" → False; ServeError on another value."""
+    raw = os.environ.get(env, "").strip()
+    if raw not in ("", "0", "1"):
+        raise ServeError(f"{env} must be 0 ({off}) or 1, got {raw!r}; fix the environment")
+    return raw != "0"
+
+
 def suffix_corpus_on() -> bool:
     """Whether the served suffix proposer loads the build's corpus (DSPARK_SUFFIX_CORPUS unset or "1"; "0": off,
     e.g. to compare); ServeError on another value."""
-    raw = os.environ.get(SUFFIX_CORPUS_ENV, "").strip()
-    if raw not in ("", "0", "1"):
-        raise ServeError(f"{SUFFIX_CORPUS_ENV} must be 0 (no corpus) or 1, got {raw!r}; fix the environment")
-    return raw != "0"
+    return _switch(SUFFIX_CORPUS_ENV, "no corpus")
+
+
+def calibrate_on() -> bool:
+    """Whether the round loop refits its cost table and the drafter's confidences from its own rounds
+    (DSPARK_CALIBRATE unset or "1"; "0": the startup profile and the head's c_j as they are, e.g. to compare);
+    ServeError on another value."""
+    return _switch(CALIBRATE_ENV, "the startup profile as is")
 
 
 def _prefill_chunk(param: str) -> int:

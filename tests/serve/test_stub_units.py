@@ -276,3 +276,18 @@ def test_suffix_recent_tokens_env_sizes_or_turns_off_the_cross_request_index(mon
         sp.release("a", [1, 2, 3] + answer, prompt_len=3)  # a finished request: its output enters the index
         got = sp.propose("b", [1, 2, 3, 5, 6], 4)  # a later request that starts the same answer
         assert (got is not None and got.source == "cross" and list(got.tokens) == [7, 8, 9, 10]) == copies
+
+
+def test_calibrate_env_turns_the_loops_calibration_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DSPARK_CALIBRATE=0 serves with the startup profile and the drafter's c_j as they are (spec_decode.calibrate
+    off, e.g. to compare); unset or 1: on; another value names the fix."""
+    from dspark_trt.errors import ServeError
+    from dspark_trt.serve.config import CALIBRATE_ENV, calibrate_on
+
+    monkeypatch.delenv(CALIBRATE_ENV, raising=False)
+    assert calibrate_on()
+    monkeypatch.setenv(CALIBRATE_ENV, "0")
+    assert not calibrate_on()
+    monkeypatch.setenv(CALIBRATE_ENV, "yes")
+    with pytest.raises(ServeError, match=CALIBRATE_ENV):
+        calibrate_on()

@@ -125,6 +125,7 @@ def _stream(be: _Clocked, calibrate: bool, prompts: list[list[int]], n: int) -> 
     """A plain request, then survival requests, through one scheduler (a server's stream) → their outputs."""
     sched = RoundScheduler(be, LoopConfig(gamma=4, cost_table=TABLE, calibrate=calibrate))
     sched.clock = be.clock
+    assert (sched.calibration is not None) == calibrate
     outs = []
     for i, p in enumerate(prompts):
         pol = PolicyConfig(policy="plain") if i == 0 else PolicyConfig(policy="survival", max_k=4)
@@ -135,6 +136,7 @@ def _stream(be: _Clocked, calibrate: bool, prompts: list[list[int]], n: int) -> 
                 if ev.request_id == rid:
                     toks += ev.new_tokens
         outs.append(toks)
+    assert (sched.cost_table is TABLE) != calibrate  # uncalibrated, the rounds priced with the profile as given
     return outs
 
 
