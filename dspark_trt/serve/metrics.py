@@ -1,8 +1,8 @@
 """Serving metrics on Triton's metrics port (pb_utils.MetricFamily), with an in-memory twin for tests.
 
 Owns the metric names and what feeds them: acceptance rate and τ (running gauges), the cost table's and the
-drafter's online calibration (gauges), the K histogram, round batch size, fallback / cancelled / speculation-off counters, draft and verify latency histograms, active requests and
-queue depth, and the counters per proposer (PROPOSER_COUNTERS, label proposer = "dspark" | "suffix": tokens each
+drafter's online calibration (gauges), the K histogram, round batch size, fallback / cancelled / speculation-off
+counters, draft and verify latency histograms, active requests and queue depth, and the counters per proposer (PROPOSER_COUNTERS, label proposer = "dspark" | "suffix": tokens each
 offered, verified and accepted, rounds it supplied; summed over proposers the verified and accepted ones equal
 dspark_drafted_tokens_total and dspark_accepted_tokens_total). `ServeMetrics(pb_utils)` inside the `dspark` model;
 `ServeMetrics(None)` records into plain dicts (a labelled counter under `labelled(name, proposer)`, the series
