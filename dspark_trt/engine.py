@@ -126,6 +126,9 @@ class SpeculativeDecodingEngine:
         seed, which then commits plain sampling's tokens for that seed, token for token).
       corpus: the suffix proposer's static corpus of the target's own outputs (spec_decode.corpus): "auto" (the
         shipped corpus when the target is the embedded default, else none), None, a corpus file, or a CorpusIndex.
+      calibrate: refit the cost table from this engine's timed rounds and rescale the drafter's confidences by
+        what was accepted (spec_decode.calibrate; the profiled or given table prices the first 16 rounds); False:
+        the table and the confidences as they are (reproducible K choices).
     """
 
     def __init__(self, target_model: Any, draft_model: Any | None = None, tokenizer: Any | None = None,
@@ -133,7 +136,7 @@ class SpeculativeDecodingEngine:
                  use_confidence_scheduling: bool = True, confidence_threshold: float | None = None,
                  policy: str | None = None, dtype: torch.dtype | None = None, seed: int | None = None,
                  cost_table: CostTable | None = None, min_k: int | None = None, max_k: int | None = None,
-                 proposers: str | Sequence[str] | None = None, corpus: Any = "auto") -> None:
+                 proposers: str | Sequence[str] | None = None, corpus: Any = "auto", calibrate: bool = True) -> None:
         if not isinstance(max_length, int) or max_length < 2:
             raise _bad("max_length", max_length, "an integer ≥ 2 (prompt + generated tokens)")
         if not isinstance(draft_length, int) or not 1 <= draft_length <= 64:
@@ -182,9 +185,10 @@ class SpeculativeDecodingEngine:
             from dspark_trt.runtime.profile import profile_costs
 
             cost_table = profile_costs(backend, draft_length + 1, reps=3)
-        self.loop_config = LoopConfig(gamma=draft_length, cost_table=cost_table or CostTable.linear())
+        self.loop_config = LoopConfig(gamma=draft_length, cost_table=cost_table or CostTable.linear(),
+                                      calibrate=calibrate)
         self.gate = GateMemory()  # the survival gate carries across this engine's requests
-        self.calibration = Calibration(self.loop_config.cost_table)  # and what their rounds measured
+        self.calibration = Calibration(self.loop_config.cost_table) if calibrate else None  # what they measured
         from dspark_trt.runtime.default_model import corpus_for
 
         self.corpus = corpus_for(corpus, self.target.embed_tokens.weight, int(self.target.config.vocab_size)) \
@@ -268,6 +272,9 @@ class SpeculativeDecodingEngine:
             "wall_s": round(wall, 4), "tokens_per_s": round(s.committed_tokens / wall, 2) if wall > 0 else 0.0,
             "finish_reason": res.finish_reason,
             "proposers": {name: ps.summary() for name, ps in sorted(s.by_proposer.items())},
+            # what this engine's rounds taught its cost table and the drafter's c_j (spec_decode.calibrate)
+            "calibration": {k: round(v, 4) for k, v in self.calibration.summary().items()} if self.calibration
+            else None,
         }
 
     @property
@@ -281,7 +288,9 @@ class SpeculativeDecodingEngine:
         τ_r = tokens committed per verify round, T_v = measured mean wall time of a verify forward and
         T_d = measured drafter wall time per round. It assumes a plain decoding step costs as much as a verify
         forward (true when decoding is memory-bound; optimistic on CPU, where verifying K+1 tokens costs more).
-        For a measured speed-up run `dspark-trt bench`."""
+        For a measured speed-up run `dspark-trt bench`.
+        calibration: spec_decode.calibrate.Calibration.summary() over this engine's rounds so far (rounds folded,
+        scale, the target / drafter / verify-token prices relative to the profile, the c_j factors r1..r3)."""
         return dict(self._stats)
 
     def with_policy(self, **changes: Any) -> "SpeculativeDecodingEngine":

@@ -182,6 +182,7 @@ def run(args: argparse.Namespace) -> int:
         stats = res.stats.summary()
         stats["speedup_estimate"] = engine.stats["speedup"]
         stats["tokens_per_s"] = engine.stats["tokens_per_s"]
+        stats["calibration"] = engine.stats["calibration"]  # what the rounds taught the cost table (one request)
         from dspark_trt.runtime import native
 
         stats["kernel_engine"] = native.engine()

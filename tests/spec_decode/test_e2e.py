@@ -50,11 +50,12 @@ def test_engine_generate_matches_hf_greedy_and_reports_stats(tiny_pair, tiny_mod
     from dspark_trt.engine import SpeculativeDecodingEngine
 
     tok = AutoTokenizer.from_pretrained(tiny_pair.tokenizer)
-    # A given cost table: the engine would otherwise profile step and draft times, and whether the survival gate
-    # drafts (what the stats below count) would depend on how loaded the machine is while this test runs.
+    # A given cost table, used as given: the engine would otherwise profile step and draft times (and refit them
+    # from its timed rounds), and whether the survival gate drafts (what the stats below count) would depend on how
+    # loaded the machine is while this test runs.
     eng = SpeculativeDecodingEngine(target_model=tiny_models["target"], draft_model=tiny_models["draft"],
                                     tokenizer=tok, max_length=128, draft_length=5, temperature=0.8, top_p=0.95,
-                                    cost_table=CostTable.linear())
+                                    cost_table=CostTable.linear(), calibrate=False)
     ids = tok.encode("def main():\n    return", return_tensors="pt").to(eng.device)
     out = eng.generate(input_ids=ids, max_new_tokens=40, do_sample=False)
     ref = tiny_models["target"].generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=tok.eos_token_id,
@@ -64,6 +65,7 @@ def test_engine_generate_matches_hf_greedy_and_reports_stats(tiny_pair, tiny_mod
     assert {"total_tokens", "target_calls", "draft_calls", "accepted_tokens", "drafted_tokens", "speedup"} <= set(s)
     assert s["total_tokens"] == out.shape[1] - ids.shape[1]
     assert s["target_calls"] < s["total_tokens"] and s["accepted_tokens"] > 0 and s["speedup"] > 0
+    assert s["calibration"] is None and eng.calibration is None  # calibrate=False: nothing refitted
     # fixed K: the survival gate has learnt from the greedy request that this tiny drafter (a pass costs ~5 steps)
     # does not pay, and it carries that across the engine's requests
     sampled = eng.with_policy(policy="fixed").generate(input_ids=ids, max_new_tokens=20, do_sample=True, seed=3)
@@ -83,6 +85,7 @@ def test_generate_cli_json(tiny_pair, capsys) -> None:
     st_ = out["stats"]
     assert {"target_calls", "draft_calls", "accepted_tokens", "drafted_tokens", "tau", "rounds"} <= set(st_)
     assert all(set(r) == {"k", "accepted", "conf", "proposer"} for r in st_["rounds"])
+    assert st_["calibration"]["rounds"] >= 1  # the rounds were timed into the engine's calibrated cost table
     assert 0 < len(out["token_ids"]) <= 24
     rc = main(["generate", "--prompt", "import os\nimport", "--max-new-tokens", "24", "--policy", "plain",
                "--target", str(tiny_pair.target), "--dtype", "float32", "--json"])
