@@ -117,6 +117,12 @@ class SpecBackend:
         return self.drafter.propose(self._slot_tensor(slots), anchors.long().reshape(-1), gamma, sampling,
                                     None if positions is None else positions.long().reshape(-1))
 
+    def queued_context(self, slots: Sequence[int]) -> list[int]:
+        """Per slot, the committed tokens the drafter will project before its next block (0 for a drafter that
+        extends its context eagerly, or none)."""
+        queued = getattr(self.drafter, "queued", None)
+        return list(queued(slots)) if queued is not None else [0] * len(slots)
+
     def verify(self, slots: Sequence[int], tokens: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """tokens [B, Kmax+1] = [anchor, d_1..d_Kmax], k [B] → logits [B, Kmax+1, V] float32; sets pending_commit."""
         s = self._slot_tensor(slots)

@@ -1,24 +1,32 @@
 """The cost table and the drafter's confidences, corrected online from the loop's own rounds.
 
 Owns `OnlineCosts`: the spec_decode.costs.CostTable the K rule and the proposer choice read in each round of
-spec_decode.loop.RoundScheduler, refitted from the wall time of the rounds the loop has run. The profiled table
-(runtime.profile.profile_costs) times each part of a round alone, hot, once, at start; a round in the loop also pays
-the acceptance, the commit and the loop's Python per verify token and per drafted row, runs on caches the other
-passes just evicted, and a VM's speed drifts after the profile. Measured in process on a 2-core Zen 3 VM (avx2
-engine), two concurrent requests, one profile: a plain round took 1.10× its table price, a round verifying a
-suffix proposal of 2–4 tokens 1.30×, a round that drafted one row 1.29–1.54× — the rule believed a drafter pass
-cost a third of a plain round when it cost two thirds, drafted rounds it could not pay for, and ran at 0.86× plain.
+spec_decode.loop.RoundScheduler, refitted from the times of the rounds the loop has run. The profiled table
+(runtime.profile.profile_costs) times each pass alone, hot, once, at start; in the loop a pass also pays the
+acceptance and the commit per verify token, runs on caches the other passes just evicted, and a VM's speed drifts
+after the profile. Measured in process on a 2-core Zen 3 VM (avx2 engine), two concurrent requests, one profile: a
+plain round took 1.10× its table price, a round verifying a suffix proposal of 2–4 tokens 1.30×, a round that drafted
+one row 1.29–1.54× — the rule believed a drafter pass cost a third of a plain round when it cost two thirds, drafted
+rounds it could not pay for, and ran at 0.86× plain.
 
-Model (per round, n = verify tokens Σ_r(1 + K_r), d = drafted rows):
-    T ≈ θ_s·S + θ_n·n + θ_d·D,
-    S = step(n) + Σ_r row_seconds(context_r, 1 + K_r)       (the table's target pass),
-    D = draft(d, sampled) + Σ_drafted draft_row_seconds(context_r)  (the table's drafter pass, 0 when d = 0).
-θ is a ridge regression over the rounds seen (exponentially forgotten: `window` rounds), shrunk toward
-g·(1, 0, 1) — the table's own shape at the measured scale g = ΣT / Σ(S + D) — with the weight of `prior_rounds`
-rounds per feature, so a feature the loop has not exercised lately (no drafted round while the gate is closed) drifts
-back to the profiled price and the gate probes again. The corrected table: seconds θ_s·s + θ_n·tokens per profiled
-point, the drafter's columns × θ_d, the context columns of the target pass × θ_s. Only ratios of costs move the
-rule's choices, so g alone changes none; the per-token price θ_n and the drafter's θ_d do.
+Model, per round (n = verify tokens Σ_r(1 + K_r)), three parts timed apart by the loop:
+    verify (target pass, acceptance, commit):  T_v ≈ θ_s·S + θ_n·n,
+        S = step(n) + Σ_r row_seconds(context_r, 1 + K_r)   (the table's target pass);
+    drafter pass (rounds that drafted):         T_d ≈ θ_d·D + θ_q·F,
+        D = draft(rows, sampled) + Σ_drafted draft_row_seconds(context_r)   (the table's drafter pass),
+        F = the context tokens it projected before its block (DraftOutcome.flushed: a lazy drafter's backlog, the
+            tokens committed since the row last drafted — a probe after a closed spell or a new 1,024-token prompt
+            flushes them all at once);
+    the rest of the round (proposals, choosing, the loop's bookkeeping): its mean o per round.
+Each part is its own least-squares fit over the rounds seen (exponentially forgotten: `window` rounds), shrunk
+toward the table's shape at the measured verify scale g = ΣT_v / ΣS — (g, 0) and (g, 0) — with the weight of
+`prior_rounds` rounds per feature but S, so a feature not exercised (no drafted round yet, an executor that does not
+report its backlog) keeps the profiled price. Timing the parts apart matters: fitted to whole rounds, what a round
+spends outside its passes (a suffix lookup, a backlog flush) lands on whichever decision variable it correlates
+with — in a served mix of chats and code contexts the drafter read 3.9× its price and verify tokens dearer than
+they are. The corrected table: seconds θ_s·s + θ_n·tokens + o per profiled point, the drafter's columns × θ_d, the
+context columns of the target pass × θ_s; θ_q is reported, not priced (a backlog is paid once and the rules price a
+row's steady-state pass). Only ratios of costs move the rule's choices, so g alone changes none.
 
 Rounds whose prompt tokens share the verify pass (a fused prefill) are not folded: their pass holds tokens the
 features do not. The loop times its rounds (time.perf_counter) and calls `observe`.
@@ -38,6 +46,7 @@ from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.costs import CostTable
 
 log = logging.getLogger(__name__)
+
 
 __all__ = ["Calibration", "CalibrationConfig", "OnlineCosts", "OnlineAcceptance", "box_solve", "solve"]
 
@@ -99,6 +108,40 @@ def box_solve(a: Sequence[Sequence[float]], b: Sequence[float], lo: Sequence[flo
         fixed[i] = min(max(x[i], lo[i]), hi[i])
 
 
+class _Fit:
+    """Exponentially forgotten least squares T ≈ θ·x (few features), solved with a ridge prior within a box."""
+
+    def __init__(self, features: int) -> None:
+        self.w = 0.0  # Σ decayed weights
+        self.xx = [[0.0] * features for _ in range(features)]  # Σ w·x xᵀ
+        self.xt = [0.0] * features  # Σ w·x·T
+        self.t = 0.0  # Σ w·T
+
+    def add(self, x: Sequence[float], t: float, decay: float) -> None:
+        self.fade(decay)
+        self.w += 1.0
+        self.t += t
+        for i, xi in enumerate(x):
+            self.xt[i] += xi * t
+            for j, xj in enumerate(x):
+                self.xx[i][j] += xi * xj
+
+    def fade(self, decay: float) -> None:
+        """One round passed without a sample: what was seen weighs less (the prior takes over in time)."""
+        self.w *= decay
+        self.t *= decay
+        self.xt = [v * decay for v in self.xt]
+        self.xx = [[v * decay for v in row] for row in self.xx]
+
+    def solve(self, prior: Sequence[float], weight: Sequence[float], unit: Sequence[float], lo: Sequence[float],
+              hi: Sequence[float]) -> list[float]:
+        """θ: the prior counts weight[i] rounds of feature i at its mean square (unit[i]² where never seen)."""
+        m = len(prior)
+        sq = [self.xx[i][i] / self.w if self.w > 0 and self.xx[i][i] > 0 else unit[i] ** 2 for i in range(m)]
+        a = [[self.xx[i][j] + (weight[i] * sq[i] if i == j else 0.0) for j in range(m)] for i in range(m)]
+        return box_solve(a, [self.xt[i] + weight[i] * sq[i] * prior[i] for i in range(m)], lo, hi)
+
+
 class OnlineCosts:
     """The profiled `base` table, refitted from timed rounds (module doc); `table` is what a round prices with.
 
@@ -109,84 +152,96 @@ class OnlineCosts:
         self.config = config
         self.table = base
         self.rounds = 0  # rounds folded
-        self.theta = (1.0, 0.0, 1.0)  # (θ_s, θ_n, θ_d) of the current table (seconds per table unit)
+        self.theta = (1.0, 0.0, 1.0, 0.0)  # (θ_s, θ_n, θ_d, θ_q) of the current table (seconds per table unit; θ_n
+        # per verify token, θ_q per flushed token)
+        self.overhead = 0.0  # o: seconds of a round outside its passes, in the current table
         self.scale = 1.0  # g of the current table
         self.fitted = False  # `table` is a refit (else the profiled table as is)
-        self._w = 0.0  # Σ decayed weights
-        self._xx = [[0.0] * 3 for _ in range(3)]  # Σ w·x xᵀ
-        self._xt = [0.0] * 3  # Σ w·x·T
-        self._t = 0.0  # Σ w·T
-        self._p = 0.0  # Σ w·(S + D)
+        self._verify, self._draft = _Fit(2), _Fit(2)
+        self._s = 0.0  # Σ w·S (the verify scale g = ΣT_v / ΣS)
+        self._rest = 0.0  # Σ w·(T − T_v − T_d)
+        self._w = 0.0
 
     def features(self, ks: Sequence[int], contexts: Sequence[int] | None, drafted: Sequence[int] = (),
-                 sampled: int = 0) -> tuple[float, float, float]:
-        """(S, n, D) of a round whose rows verified ks (contexts: their cached tokens; drafted: the indices of the rows
-        the drafter ran for, `sampled` of them sampling) under the profiled table."""
+                 sampled: int = 0, flushed: int = 0) -> tuple[float, float, float, float]:
+        """(S, n, D, F) of a round whose rows verified ks (contexts: their cached tokens; drafted: the indices of the
+        rows the drafter ran for, `sampled` of them sampling; flushed: the backlog of context tokens its pass projected
+        first) under the profiled table."""
         b = self.base
         ctx = list(contexts) if contexts is not None else [None] * len(ks)
         n = sum(1 + k for k in ks)
         s = b.step_seconds(n) + sum(b.row_seconds(c, 1 + k) for c, k in zip(ctx, ks))
         d = (b.draft_seconds(len(drafted), sampled) + sum(b.draft_row_seconds(ctx[i]) for i in drafted)
              if drafted else 0.0)
-        return s, float(n), d
+        return s, float(n), d, float(flushed if drafted else 0)
 
-    def observe(self, seconds: float, ks: Sequence[int], contexts: Sequence[int] | None = None,
-                drafted: Sequence[int] = (), sampled: int = 0) -> None:
-        """Fold one round that took `seconds` (its arguments as in `features`); refit every `refresh` rounds."""
-        if not ks or not seconds > 0.0:
+    def observe(self, verify_seconds: float, ks: Sequence[int], contexts: Sequence[int] | None = None,
+                drafted: Sequence[int] = (), sampled: int = 0, flushed: int = 0, draft_seconds: float = 0.0,
+                round_seconds: float | None = None) -> None:
+        """Fold one round: its verify took verify_seconds, its drafter pass draft_seconds (the rows `drafted`), the
+        whole round round_seconds (None: the two passes alone); the other arguments as in `features`. Refits every
+        `refresh` rounds. Once fitted, a part the VM stalled moves its fit by at most 3× its fitted price."""
+        if not ks or not verify_seconds > 0.0:
             return
-        x = self.features(ks, contexts, drafted, sampled)
-        if self._p > 0.0:  # a round the VM stalled (or a cold page storm) moves the fit by at most 3× its price
-            th = self.theta if self.fitted else (self._t / self._p, 0.0, self._t / self._p)
-            pred = th[0] * x[0] + th[1] * x[1] + th[2] * x[2]
-            seconds = min(max(seconds, pred / 3.0), 3.0 * pred)
+        s, n, d, f = self.features(ks, contexts, drafted, sampled, flushed)
+        rest = 0.0 if round_seconds is None else max(0.0, round_seconds - verify_seconds - draft_seconds)
+        th = self.theta
+        if self.fitted:  # (against the fit's own price: the profile may be far off, and then it must move freely)
+            verify_seconds = _clip(verify_seconds, th[0] * s + th[1] * n)
+            rest = _clip(rest, self.overhead) if self.overhead > 0 else rest
+        drafted_fit = self._draft.w >= self.config.min_rounds / 4  # its own fit has seen a few drafted rounds
         decay = 1.0 - 1.0 / self.config.window
+        self._verify.add((s, n), verify_seconds, decay)
+        self._s = self._s * decay + s
+        if drafted and draft_seconds > 0:
+            if self.fitted and drafted_fit:
+                draft_seconds = _clip(draft_seconds, th[2] * d + th[3] * f)
+            self._draft.add((d, f), draft_seconds, decay)
+        else:  # an undrafted round: the drafter's last prices fade toward the profile's, so a closed gate probes
+            self._draft.fade(decay)  # again one day (and one stalled drafted round cannot close it for good)
+        self._rest = self._rest * decay + rest
         self._w = self._w * decay + 1.0
-        self._t = self._t * decay + seconds
-        self._p = self._p * decay + x[0] + x[2]
-        for i in range(3):
-            self._xt[i] = self._xt[i] * decay + x[i] * seconds
-            for j in range(3):
-                self._xx[i][j] = self._xx[i][j] * decay + x[i] * x[j]
         self.rounds += 1
         if self.rounds >= self.config.min_rounds and self.rounds % self.config.refresh == 0:
             self.refit()
 
     def refit(self) -> None:
-        """Solve the ridge regression and rebuild `table` (module doc)."""
-        if self._w <= 0.0 or self._p <= 0.0:
+        """Solve the two fits and rebuild `table` (module doc)."""
+        if self._s <= 0.0 or self._verify.t <= 0.0:
             return
-        g = self._t / self._p  # seconds per table unit, the table's shape taken as is
-        prior = (g, 0.0, g)
-        scale = [self._xx[i][i] / self._w for i in range(3)]  # mean x_i² over the rounds seen
-        floor = 1e-9 * max(scale[0], 1e-30)
-        scale[1] = max(scale[1], 1.0)  # n ≥ 1 in every round
-        scale[2] = scale[2] if scale[2] > floor else self.base.draft_seconds(1) ** 2 or scale[0]  # never drafted
-        weight = [0.0, self.config.prior_rounds, self.config.prior_rounds]  # the pass is in every round: no prior
-        a = [[self._xx[i][j] + (weight[i] * scale[i] if i == j else 0.0) for j in range(3)] for i in range(3)]
-        rhs = [self._xt[i] + weight[i] * scale[i] * prior[i] for i in range(3)]
+        g = self._verify.t / self._s  # seconds per table unit of the target pass, the table's shape taken as is
         lo, hi = self.config.bounds
-        try:  # θ_s, θ_d within [lo, hi]·g; a verify token ≥ 0 and never dearer than a one-token step
-            th_s, th_n, th_d = box_solve(a, rhs, (lo * g, 0.0, lo * g),
-                                         (hi * g, self.base.step_seconds(1) * g, hi * g))
-        except ZeroDivisionError:  # singular (cannot happen with the prior): keep the table
+        one = self.base.step_seconds(1) * g
+        pr = self.config.prior_rounds
+        try:  # θ_s, θ_d within [lo, hi]·g; a verify token and a flushed one ≥ 0 and never dearer than a step
+            th_s, th_n = self._verify.solve((g, 0.0), (0.0, pr), (1.0, 1.0), (lo * g, 0.0), (hi * g, one))
+            th_d, th_q = self._draft.solve((g, 0.0), (pr, pr), (self.base.draft_seconds(1) or 1.0, 1.0),
+                                           (lo * g, 0.0), (hi * g, one))
+        except ZeroDivisionError:  # singular (cannot happen with the priors): keep the table
             return
         first, self.fitted = not self.fitted, True
-        self.theta, self.scale = (th_s, th_n, th_d), g
-        b = self.base
-        self.table = replace(b, seconds=tuple(th_s * s + th_n * t for s, t in zip(b.seconds, b.tokens)),
+        self.theta, self.scale = (th_s, th_n, th_d, th_q), g
+        self.overhead = self._rest / self._w if self._w > 0 else 0.0
+        b, o = self.base, self.overhead
+        self.table = replace(b, seconds=tuple(th_s * s + th_n * t + o for s, t in zip(b.seconds, b.tokens)),
                              draft_t0=th_d * b.draft_t0, draft_t1=th_d * b.draft_t1, sampled_t1=th_d * b.sampled_t1,
                              ctx_t0=th_s * b.ctx_t0, ctx_t1=th_s * b.ctx_t1, draft_ctx=th_d * b.draft_ctx)
         (log.info if first else log.debug)("cost table calibrated from %d rounds: %s", self.rounds, self.summary())
 
     def summary(self) -> dict[str, float]:
         """The fit relative to the profiled table: rounds folded, scale g, and per table unit of g the target pass
-        θ_s/g, a verify token θ_n/g (as a fraction of a profiled one-token step), the drafter pass θ_d/g."""
+        θ_s/g, a verify token θ_n/g (as a fraction of a profiled one-token step), the drafter pass θ_d/g, the rest of a
+        round o (same fraction); the drafter's backlog in ms per 1,000 flushed context tokens."""
         g = self.scale
-        th_s, th_n, th_d = self.theta
+        th_s, th_n, th_d, th_q = self.theta
         one = self.base.step_seconds(1)
         return {"rounds": float(self.rounds), "scale": g, "target": th_s / g, "token": th_n / g / one,
-                "drafter": th_d / g}
+                "drafter": th_d / g, "overhead": self.overhead / g / one, "flush_ms_per_1k": th_q * 1e6}
+
+
+def _clip(seconds: float, price: float) -> float:
+    """A stalled part (the VM descheduled, a cold page storm) counts at most 3× (at least a third of) its price."""
+    return min(max(seconds, price / 3.0), 3.0 * price) if price > 0 else seconds
 
 
 class OnlineAcceptance:

@@ -76,6 +76,8 @@ class BackendExecutor:
     def draft(self, rows: Sequence[RoundRow], caps: Sequence[int]) -> DraftOutcome:
         """One batched drafter pass of γ' = max(caps) tokens for every row (so proposed = γ' each)."""
         gamma = max(caps)
+        queued = getattr(self.backend, "queued_context", None)  # the drafter's backlog this pass projects first
+        flushed = tuple(queued([r.slot for r in rows])) if queued is not None else ()
         anchors = torch.tensor([r.anchor for r in rows], dtype=torch.long)  # [R]
         positions = torch.tensor([r.n_committed for r in rows], dtype=torch.long)  # [R] position of d_1
         block = self.backend.draft([r.slot for r in rows], anchors, gamma, [r.sampling for r in rows], positions)
@@ -86,7 +88,7 @@ class BackendExecutor:
         if block.q is None and any(not r.sampling.greedy for r in rows):
             log.warning("drafter returned no draft distributions q for sampling requests; plain decoding this round")
             return DraftOutcome.failed(len(rows))
-        return DraftOutcome(block, (gamma,) * len(rows))
+        return DraftOutcome(block, (gamma,) * len(rows), flushed)
 
     # ---- verify → accept → commit ----------------------------------------------------------------------
     def verify(self, rows: Sequence[RoundRow], draft: DraftBlock, k: Sequence[int]) -> VerifyOutcome:

@@ -394,7 +394,9 @@ class RoundScheduler:
         ctx = [a.n_committed for a in acts]  # [B] cached tokens: a long context makes verify tokens dearer
         dcaps = plan_drafting(cfgs, states, dcaps, table, self.gate, load, sampled, ctx)  # rows that cannot pay
         dcaps = skip_drafter(dcaps, sfx, states, table, sampled, ctx)  # rows the suffix serves as well: undrafted
+        t_draft = self.clock()
         rows, drafted = self._draft(acts, dcaps)
+        t_draft = self.clock() - t_draft if drafted is not None else 0.0
         asked, proposed = [False] * b, [0] * b  # per row: drafting asked for, tokens drafted (0 asked: failed)
         for i, n in zip(rows, drafted.proposed if drafted is not None else ()):
             asked[i], proposed[i] = True, n
@@ -411,9 +413,14 @@ class RoundScheduler:
         plan = assemble(cfgs, states, [a.sampling for a in acts], caps, dcaps, rows, proposed, block, sfx,
                         self.executor.vocab_size, table)
         ks = schedule_batch(cfgs, states, plan.avail, plan.conf, table, load=load, contexts=ctx)
+        t_verify = self.clock()
         out = self.executor.verify(acts, plan.block(max(ks)), ks)  # tokens [B, K], q [B, K, V] | None
+        t_verify = self.clock() - t_verify
         self.batched_rounds += 1
-        self._account(acts, ks, ctx, rows, sampled, load, start)
+        if self.calibration is not None and not (load.fused and load.prefill_tokens):  # (calibrate.OnlineCosts:
+            self.calibration.costs.observe(  # not a round whose prompt tokens shared its verify pass)
+                t_verify, ks, ctx, rows, sum(sampled[i] for i in rows),
+                sum(drafted.flushed) if drafted is not None else 0, t_draft, self.clock() - start)
         for i, act in enumerate(acts):
             n_acc, src = out.accepted[i], plan.source[i] if ks[i] > 0 else NONE
             if sfx[i] is not None and self.suffix is not None:  # c_j learns from every round it proposed in
@@ -439,14 +446,6 @@ class RoundScheduler:
                       len(out.committed[i]), c, act.state.k)
             if done:
                 self._finish(act)
-
-    def _account(self, acts: list[_Active], ks: list[int], ctx: list[int], rows: list[int], sampled: list[bool],
-                 load: RoundLoad, start: float) -> None:
-        """Fold the round's wall time so far (proposals, drafter pass, verify, acceptance) into the calibrated table
-        (not a round whose prompt tokens shared its verify pass: calibrate.OnlineCosts)."""
-        if self.calibration is None or (load.fused and load.prefill_tokens):
-            return
-        self.calibration.costs.observe(self.clock() - start, ks, ctx, rows, sum(sampled[i] for i in rows))
 
 
 @dataclass

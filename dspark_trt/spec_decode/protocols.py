@@ -157,6 +157,8 @@ class DraftOutcome:
     block: DraftBlock | None  # tokens [R, γ'] (row r valid up to proposed[r]), q [R, γ', V] | None,
     # conf [R, γ'] | None; None: nothing was drafted
     proposed: tuple[int, ...]  # [R] tokens drafted per row; 0: its drafting failed (that row runs plain this round)
+    flushed: tuple[int, ...] = ()  # [R] queued context tokens the pass projected first (a lazy drafter's backlog:
+    # the tokens committed since its last block); () where the executor does not know
 
     @classmethod
     def failed(cls, rows: int) -> "DraftOutcome":

@@ -282,6 +282,11 @@ class DSparkDrafter:
                 self._pending.setdefault(slot, []).append((p0, features[r, :n].detach().clone()))  # [n, F]
             self._len[slot] = p0 + n
 
+    def queued(self, slots: Sequence[int]) -> list[int]:
+        """Committed tokens per slot whose features are not in the context KV yet: what its next propose projects
+        first (the round loop's cost calibration prices that flush apart from the pass)."""
+        return [sum(f.shape[0] for _, f in self._pending.get(int(slot), ())) for slot in slots]
+
     def _flush(self, slots: Sequence[int]) -> None:
         """Project the queued features of these slots into their context KV: on the native kernels, all the slots'
         rows in one fc product and one k|v product of every layer (`_flush_native`), else one torch pass per slot."""
