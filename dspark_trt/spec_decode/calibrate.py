@@ -3,11 +3,10 @@
 Owns `OnlineCosts`: the spec_decode.costs.CostTable the K rule and the proposer choice read in each round of
 spec_decode.loop.RoundScheduler, refitted from the times of the rounds the loop has run. The profiled table
 (runtime.profile.profile_costs) times each pass alone, hot, once, at start; in the loop a pass also pays the
-acceptance and the commit per verify token, runs on caches the other passes just evicted, and a VM's speed drifts
-after the profile. Measured in process on a 2-core Zen 3 VM (avx2 engine), two concurrent requests, one profile: a
-plain round took 1.10× its table price, a round verifying a suffix proposal of 2–4 tokens 1.30×, a round that drafted
-one row 1.29–1.54× — the rule believed a drafter pass cost a third of a plain round when it cost two thirds, drafted
-rounds it could not pay for, and ran at 0.86× plain.
+acceptance and the commit per verify token, runs on caches the other passes just evicted, a lazy drafter first
+projects the context it skipped, and a VM's speed drifts after the profile (on a 2-core Zen 3 VM, whole drafted
+rounds at two concurrent requests took 1.29–1.54× their table price in one profile's run, 1.03–1.05× in another's).
+And a GPU host's scheduler starts from the relative default table: only its rounds can price it.
 
 Model, per round (n = verify tokens Σ_r(1 + K_r)), three parts timed apart by the loop:
     verify (target pass, acceptance, commit):  T_v ≈ θ_s·S + θ_n·n,
