@@ -103,6 +103,7 @@ class PolicyState:
     backoff: int = 1  # survival gate: length of the next skip
     probe: bool = True  # survival gate: draft this round whatever the estimate says (first round, after a skip)
     inherited_skip: bool = False  # survival gate: skip_left came from an earlier request (GateMemory), not this one
+    closed_at: int = -1  # survival gate: the stream round (GateMemory.rounds) its current skip began (-1: inherited)
 
     @classmethod
     def initial(cls, cfg: PolicyConfig, memory: "GateMemory | None" = None) -> "PolicyState":
@@ -116,6 +117,7 @@ class PolicyState:
             st.backoff = min(mem.backoff, cfg.max_backoff)
             st.skip_left = min(mem.skip_left, cfg.max_backoff)  # a skip in progress goes on (unless this request
             st.inherited_skip = st.skip_left > 0  # pays: plan_drafting weighs it at its own context first)
+            st.closed_at = mem.closed_at  # the spell it continues began there
             st.probe = mem.probe  # else decided by the inherited estimate
         return st
 
@@ -137,6 +139,9 @@ class GateMemory:
     skip_left: int = 0  # rounds of the current skip still to go
     probe: bool = False  # the next round is a probe
     others: dict[tuple[str, ...], "GateMemory"] = field(default_factory=dict)  # proposer set → its memory
+    rounds: int = 0  # rounds of the stream so far (plan_drafting counts them on the memory it is given)
+    last_probe: int = -2  # the stream round of the last probe after a closed spell (this proposer set's)
+    closed_at: int = -1  # the stream round the current skip began
 
     def of(self, proposers: Sequence[str]) -> "GateMemory":
         """The memory of the requests whose proposers are `proposers`: this one for the DSpark block alone."""
@@ -327,13 +332,20 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
     could not pay (a large batch, verify tokens compute-bound): it waits another spell (a request's first round,
     which measures the drafter for the first time, still probes). A skip a request inherited from an earlier one
     (GateMemory) goes on only where the shared estimate does not pay at this row's context: a long-context request
-    that closed the gate does not close it for the short-context requests after it. sampled [B]: the rows that
+    that closed the gate does not close it for the short-context requests after it. With a memory, the stream
+    probes once a spell, not once per request: a row whose closed spell saw another row of the stream probe (its
+    result in the shared estimate) waits another spell unless that estimate now pays here — each probe pays a
+    drafter pass and the backlog its row has not projected since it last drafted. sampled [B]: the rows that
     sample (their drafting is priced with table.sampled_t1); contexts [B]: the rows' cached tokens (a long-context
     row's verify tokens and drafter row cost more: costs.CostTable). Updates `states` (and `memory`'s backoff and
     skip: the next request continues them)."""
     out = [max(0, int(c)) for c in caps]
     rows = len(out)
     hopeless: dict[int, bool] = {}  # cap → even a drafter whose every token is accepted cannot pay in this round
+    now = -1
+    if memory is not None:
+        memory.rounds += 1
+        now = memory.rounds
     for r, (cfg, st) in enumerate(zip(cfgs, states)):
         if cfg.policy != "survival" or not cfg.gate or out[r] == 0:
             continue
@@ -352,24 +364,35 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
             # a batch this large turns verify tokens compute-bound: no acceptance could pay for a drafter row and
             # its tokens, so a probe after a closed spell would only pay them (a wave of requests admitted together
             # ends its spells together, and each would probe); the row waits another spell of the same length
-            st.skip_left = st.backoff - 1
+            st.skip_left, st.closed_at = st.backoff - 1, now
+            st.probe = st.skip_left == 0
+            out[r] = 0
+        elif st.probe and st.backoff > 1 and memory is not None and memory.of(cfg.proposers).last_probe > \
+                st.closed_at and drafting_gain(memory.of(cfg.proposers).survival_est, out[r], rows, table, load,
+                                               samples, ctx) < 1.0 + cfg.gate_margin:
+            # another row of this stream probed the drafter during this row's closed spell, and the shared estimate
+            # (its result folded in) still does not pay here: one probe a spell for the stream, not one per request
+            # (each pays a drafter pass and the backlog since its row last drafted); the row waits another spell
+            st.skip_left, st.closed_at = st.backoff - 1, now
             st.probe = st.skip_left == 0
             out[r] = 0
         elif st.probe:  # drafts whatever the estimate says (no estimate yet: the drafter chose K = 0 → backoff)
             st.probe = False
             if st.backoff > 1:  # a probe after a closed spell re-measures a_1..a_probe_k, at a short verify's cost
                 out[r] = min(out[r], cfg.probe_k)
+                if memory is not None:
+                    memory.of(cfg.proposers).last_probe = now
         elif drafting_gain(st.survival_est, out[r], rows, table, load, samples, ctx) >= (
                 1.0 - cfg.gate_hysteresis if st.backoff == 1 else 1.0 + cfg.gate_margin):
             st.backoff = 1  # open: stays open until drafting clearly loses (acceptance comes in bursts)
         else:
             out[r] = 0
-            st.skip_left = st.backoff - 1
+            st.skip_left, st.closed_at = st.backoff - 1, now
             st.probe = st.skip_left == 0
             st.backoff = min(2 * st.backoff, cfg.max_backoff)
         if memory is not None:
             mem = memory.of(cfg.proposers)
-            mem.backoff, mem.skip_left, mem.probe = st.backoff, st.skip_left, st.probe
+            mem.backoff, mem.skip_left, mem.probe, mem.closed_at = st.backoff, st.skip_left, st.probe, st.closed_at
     return out
 
 

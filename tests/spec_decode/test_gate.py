@@ -333,3 +333,28 @@ def test_hybrid_requests_keep_their_own_gate_memory() -> None:
     fresh = PolicyState.initial(alone, memory)
     assert fresh.probe and fresh.survival_est == [] and fresh.skip_left == 0
     assert PolicyState.initial(hybrid, memory).survival_est == mine.survival_est  # the next hybrid request inherits
+
+
+def test_a_stream_probes_once_a_spell_not_once_per_request() -> None:
+    """Two requests of one stream (a shared GateMemory) with a drafter that never pays: after the gate closes, one
+    probe a spell for the stream — the other row waits, its result folded into the shared estimate — where two
+    independent requests would each probe on their own schedule."""
+    cfg = PolicyConfig(policy="survival", max_k=7)
+
+    def drafted_rows(memory: GateMemory | None) -> int:
+        states = [PolicyState.initial(cfg, memory) for _ in range(2)]
+        states[1].probe = True  # both start drafting (two fresh requests)
+        n = 0
+        for _ in range(1000):
+            caps = plan_drafting([cfg, cfg], states, [7, 7], TABLE, memory)
+            for st, c in zip(states, caps):
+                if c > 0:
+                    n += 1
+                    observe_survival(st, c, 0)
+                    if memory is not None:
+                        memory.observe(c, 0)
+        return n
+
+    alone = drafted_rows(None)  # no memory: each request its own schedule (1 + log2(64) + 1000/65 probes, twice)
+    shared = drafted_rows(GateMemory())  # at the longest spell one probe per 65 rounds for both (ones at the start)
+    assert alone >= 40 and shared <= alone * 2 // 3, (alone, shared)
