@@ -139,7 +139,7 @@ def test_backend_feeds_drafter_committed_tokens_and_target_features(target: Caus
 
     probe = FeatureProbeDrafter(target, taps=(1, 0))
     be = SpecBackend(target, probe, max_batch=2, max_seq=64)
-    sched = RoundScheduler(be, LoopConfig(gamma=4))
+    sched = RoundScheduler(be, LoopConfig(gamma=4, calibrate=False))
     n = 14
     ids = [sched.add(Request(tuple(p), n, policy=PolicyConfig(policy="fixed", k=3))) for p in PROMPTS[:2]]
     got: dict[int, list[int]] = {i: [] for i in ids}

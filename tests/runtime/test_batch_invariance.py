@@ -215,7 +215,7 @@ def _run_batched(target: CausalLM, drafter_factory, reqs: list, max_batch: int) 
     from dspark_trt.spec_decode.loop import LoopConfig, RoundScheduler
 
     be = SpecBackend(target, drafter_factory(), max_batch=max_batch, max_seq=96)
-    sched = RoundScheduler(be, LoopConfig(gamma=4))
+    sched = RoundScheduler(be, LoopConfig(gamma=4, calibrate=False))
     ids = [sched.add(r) for r in reqs]
     out: dict[int, list[int]] = {i: [] for i in ids}
     while sched.pending:

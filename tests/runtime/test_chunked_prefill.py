@@ -76,7 +76,7 @@ def test_budgeted_rounds_are_lossless_and_keep_decoding(target: CausalLM, chunk:
     """Two slots, a long prompt arriving while a short one generates: with a budget, the short request keeps getting
     tokens every step while the long prompt is prefilled; every answer = the target's greedy decoding."""
     be = SpecBackend(target, _dspark(target), max_batch=2, max_seq=96)
-    sched = RoundScheduler(be, LoopConfig(gamma=4, prefill_chunk=chunk))
+    sched = RoundScheduler(be, LoopConfig(gamma=4, prefill_chunk=chunk, calibrate=False))
     prompts = {"short": [300, 12], "long": LONG, "mid": LONG[:11], "one": [42]}
     news = {"short": 20, "long": 9, "mid": 12, "one": 6}
     pols = {"short": PolicyConfig(policy="fixed", k=3), "long": PolicyConfig(policy="survival"),

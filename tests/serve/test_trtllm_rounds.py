@@ -85,7 +85,8 @@ def test_verify_outcome() -> None:
 def test_greedy_equals_plain_decoding_every_policy(models, max_batch: int) -> None:  # noqa: ANN001
     target, draft = models
     client = Client(target, draft, max_batch)
-    sched = TrtllmRoundScheduler(client, LoopConfig(gamma=GAMMA), max_batch, MAX_SEQ, target.config.vocab_size)
+    sched = TrtllmRoundScheduler(client,
+        LoopConfig(gamma=GAMMA, calibrate=False), max_batch, MAX_SEQ, target.config.vocab_size)
     reqs = [Request(p, 25 + 3 * i, policy=PolicyConfig(policy=POLICIES[i % 4], k=GAMMA, min_k=1, max_k=GAMMA))
             for i, p in enumerate(PROMPTS)]
     got = _run(sched, reqs)
@@ -105,7 +106,8 @@ def test_greedy_equals_plain_decoding_every_policy(models, max_batch: int) -> No
 def test_stops_eos_and_stop_sequences(models) -> None:  # noqa: ANN001
     target, draft = models
     ref = _greedy(target, PROMPTS[0], 30)
-    sched = TrtllmRoundScheduler(Client(target, draft), LoopConfig(gamma=GAMMA), 8, MAX_SEQ, target.config.vocab_size)
+    sched = TrtllmRoundScheduler(Client(target, draft),
+        LoopConfig(gamma=GAMMA, calibrate=False), 8, MAX_SEQ, target.config.vocab_size)
     got = _run(sched, [Request(PROMPTS[0], 30, eos_ids=(ref[9],), policy=PolicyConfig(policy="fixed", k=GAMMA)),
                        Request(PROMPTS[0], 30, stop_sequences=(tuple(ref[12:14]),),
                                policy=PolicyConfig(policy="fixed", k=GAMMA))])
@@ -118,7 +120,7 @@ def test_cancel_and_draft_failure_fallback(models) -> None:  # noqa: ANN001
     target, draft = models
     client = Client(target, draft)
     client.fail_draft = 2
-    sched = TrtllmRoundScheduler(client, LoopConfig(gamma=GAMMA), 8, MAX_SEQ, target.config.vocab_size)
+    sched = TrtllmRoundScheduler(client, LoopConfig(gamma=GAMMA, calibrate=False), 8, MAX_SEQ, target.config.vocab_size)
     rid = sched.add(Request(PROMPTS[1], 40, policy=PolicyConfig(policy="fixed", k=GAMMA)))
     keep = sched.add(Request(PROMPTS[2], 20, policy=PolicyConfig(policy="fixed", k=GAMMA)))
     out: list[int] = []
@@ -142,7 +144,8 @@ def test_engine_error_raises(models) -> None:  # noqa: ANN001
                 return [EngineReply([], error="boom")] * len(calls)
             return super().generate(model, calls)
 
-    sched = TrtllmRoundScheduler(Broken(target, draft), LoopConfig(gamma=GAMMA), 8, MAX_SEQ, target.config.vocab_size)
+    sched = TrtllmRoundScheduler(Broken(target, draft),
+        LoopConfig(gamma=GAMMA, calibrate=False), 8, MAX_SEQ, target.config.vocab_size)
     sched.add(Request(PROMPTS[0], 10, policy=PolicyConfig(policy="fixed", k=GAMMA)))
     with pytest.raises(ServeError, match="boom"):
         sched.step()
@@ -153,11 +156,11 @@ def test_engine_error_raises(models) -> None:  # noqa: ANN001
 def test_sampled_requests_go_to_the_engine_sampler(models) -> None:  # noqa: ANN001
     target, draft = models
     client = Client(target, draft)
-    sched = TrtllmRoundScheduler(client, LoopConfig(gamma=GAMMA), 8, MAX_SEQ, target.config.vocab_size)
+    sched = TrtllmRoundScheduler(client, LoopConfig(gamma=GAMMA, calibrate=False), 8, MAX_SEQ, target.config.vocab_size)
     req = Request(PROMPTS[3], 20, sampling=SamplingParams(temperature=0.8, top_p=0.9, seed=7),
                   policy=PolicyConfig(policy="fixed", k=GAMMA))
     a = _run(sched, [req])
-    b = _run(TrtllmRoundScheduler(Client(target, draft), LoopConfig(gamma=GAMMA), 8, MAX_SEQ,
+    b = _run(TrtllmRoundScheduler(Client(target, draft), LoopConfig(gamma=GAMMA, calibrate=False), 8, MAX_SEQ,
                                   target.config.vocab_size), [req])
     assert list(a.values())[0][0] == list(b.values())[0][0]  # the stand-in's sampler is seeded by position
     assert all(c.temperature == pytest.approx(0.8) and c.seed == 7 for c in client.calls["target"])

@@ -86,7 +86,8 @@ def test_equals_the_reference_runtime(pair, policy: str, sampled: bool) -> None:
     from dspark_trt.runtime.backend import SpecBackend
 
     target, drafter = pair
-    ref = RoundScheduler(SpecBackend(target, drafter(), MAX_BATCH, MAX_SEQ + GAMMA + 2), LoopConfig(gamma=GAMMA))
+    ref = RoundScheduler(SpecBackend(target, drafter(), MAX_BATCH, MAX_SEQ + GAMMA + 2),
+        LoopConfig(gamma=GAMMA, calibrate=False))
     want = _run(ref, _reqs(policy, sampled))
     client = Client(target, reuse_block=4)
     d = drafter()
@@ -99,7 +100,7 @@ def test_equals_the_reference_runtime(pair, policy: str, sampled: bool) -> None:
 
     d.propose = counting
     ex = TapExecutor(client, d, ("dspark_tap_0", "dspark_tap_1"), MAX_BATCH, MAX_SEQ, int(target.config.vocab_size))
-    sched = RoundScheduler(ex, LoopConfig(gamma=GAMMA))
+    sched = RoundScheduler(ex, LoopConfig(gamma=GAMMA, calibrate=False))
     got = _run(sched, _reqs(policy, sampled))
     assert got == want
     calls = client.calls
@@ -116,7 +117,7 @@ def test_a_reuse_hole_makes_that_request_plain(pair, caplog: pytest.LogCaptureFi
     client = Client(target, reuse_block=2)
     ex = TapExecutor(client, drafter(), ("dspark_tap_0", "dspark_tap_1"), MAX_BATCH, MAX_SEQ,
                      int(target.config.vocab_size))
-    sched = RoundScheduler(ex, LoopConfig(gamma=GAMMA))
+    sched = RoundScheduler(ex, LoopConfig(gamma=GAMMA, calibrate=False))
     reqs = [Request((5, 6, 7, 8, 9, 10, 11), 20, policy=PolicyConfig(policy="fixed", k=3))]
     first = _run(sched, reqs)
     again = _run(sched, reqs)  # same tokens: every full block is cached now
@@ -125,5 +126,5 @@ def test_a_reuse_hole_makes_that_request_plain(pair, caplog: pytest.LogCaptureFi
     assert not ex._holes  # noqa: SLF001 - released with its request
     from dspark_trt.runtime.backend import SpecBackend
 
-    ref = RoundScheduler(SpecBackend(target, None, 2, MAX_SEQ + GAMMA + 2), LoopConfig(gamma=GAMMA))
+    ref = RoundScheduler(SpecBackend(target, None, 2, MAX_SEQ + GAMMA + 2), LoopConfig(gamma=GAMMA, calibrate=False))
     assert _run(ref, [Request((5, 6, 7, 8, 9, 10, 11), 20, policy=PolicyConfig(policy="plain"))]) == first
