@@ -2,9 +2,10 @@
 
 Owns the metric names and what feeds them: acceptance rate and τ (running gauges), the cost table's and the
 drafter's online calibration (gauges), the K histogram, round batch size, fallback / cancelled / speculation-off
-counters, draft and verify latency histograms, active requests and queue depth, and the counters per proposer (PROPOSER_COUNTERS, label proposer = "dspark" | "suffix": tokens each
-offered, verified and accepted, rounds it supplied; summed over proposers the verified and accepted ones equal
-dspark_drafted_tokens_total and dspark_accepted_tokens_total). `ServeMetrics(pb_utils)` inside the `dspark` model;
+counters, draft and verify latency histograms, active requests and queue depth, and the counters per proposer
+(PROPOSER_COUNTERS, label proposer = "dspark" | "suffix": tokens each offered, verified and accepted, rounds it
+supplied; summed over proposers the verified and accepted ones equal dspark_drafted_tokens_total and
+dspark_accepted_tokens_total). `ServeMetrics(pb_utils)` inside the `dspark` model;
 `ServeMetrics(None)` records into plain dicts (a labelled counter under `labelled(name, proposer)`, the series
 name as Prometheus writes it without the model label: name{proposer="suffix"}).
 

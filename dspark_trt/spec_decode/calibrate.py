@@ -57,7 +57,7 @@ class CalibrationConfig:
     window: float = 200.0  # rounds: each round's weight decays by 1 − 1/window per later round
     prior_rounds: float = 0.25  # the profiled shape of the token and drafter prices weighs like this many rounds
     min_rounds: int = 16  # the profiled table is used as is until this many rounds are folded
-    refresh: int = 4  # the corrected table is rebuilt every this many folded rounds (a 3×3 solve: ~20 µs)
+    refresh: int = 4  # the corrected table is rebuilt every this many folded rounds (two 2×2 solves: ~20 µs)
     bounds: tuple[float, float] = (0.05, 50.0)  # θ_s and θ_d stay within these multiples of g
 
     def __post_init__(self) -> None:

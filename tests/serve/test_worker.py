@@ -81,7 +81,8 @@ def test_jobs_share_rounds_and_get_their_own_tokens(reference) -> None:  # noqa:
     assert metrics.counters["dspark_fallback_total"] == 0
     # the loop's online calibration (spec_decode.calibrate) is published: gauges start at 0, its values are > 0
     assert batcher.scheduler.calibration is not None and batcher.scheduler.calibration.costs.rounds > 0
-    for name in ("dspark_calibrated_target_price", "dspark_calibrated_drafter_price", "dspark_drafter_confidence_ratio"):
+    for name in ("dspark_calibrated_target_price", "dspark_calibrated_drafter_price",
+                 "dspark_drafter_confidence_ratio"):
         assert metrics.gauges[name] > 0, name
 
 

@@ -198,8 +198,8 @@ def _stream(be: _Clocked, calibrate: bool, prompts: list[list[int]], n: int) -> 
 
 def test_a_drafter_dearer_than_its_table_price_stops_being_drafted(tiny_models, greedy_oracle) -> None:
     """The table says a drafter pass costs a fourth of a step and a perfect drafter pays 3×; the rounds say it costs
-    five and a half, so it loses 1.4× even accepted whole (75 ms for 5 tokens against 11 ms for one). Calibrated, the gate closes; from the profile alone it never
-    does. Both outputs are the target's greedy output."""
+    five and a half, so it loses 1.4× even accepted whole (75 ms for 5 tokens against 11 ms for one). Calibrated,
+    the gate closes; from the profile alone it never does. Both outputs are the target's greedy output."""
     from tests.spec_decode.conftest import RefBackend  # noqa: PLC0415
 
     target = tiny_models["target"]

@@ -140,7 +140,8 @@ def test_greedy_output_with_a_corpus_equals_plain(ref_backend, greedy_oracle, ti
     corpus = CorpusIndex(np.array(_flat(answers + noise)), int(target.config.vocab_size))
     prompt = [rng.randrange(3, 60) for _ in range(rng.randrange(2, 7))]
     res = generate(ref_backend("draft"), prompt, max_new_tokens=n, suffix=SuffixProposer(corpus=corpus),
-                   config=LoopConfig(gamma=5, cost_table=TABLE, calibrate=False), policy=PolicyConfig(max_k=5, proposers=proposers))
+                   config=LoopConfig(gamma=5, cost_table=TABLE, calibrate=False),
+                   policy=PolicyConfig(max_k=5, proposers=proposers))
     assert res.tokens == greedy_oracle(target, prompt, n)
 
 

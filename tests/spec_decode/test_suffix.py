@@ -363,7 +363,8 @@ def test_seeded_sampled_suffix_rows_commit_plain_samplings_tokens(ref_backend, t
         sp = SuffixProposer(SuffixConfig(min_match=1, max_match=1))
         for x, w in enumerate(after.tolist()):
             sp.cross.add([x, w, int(after[w])])
-        sched = RoundScheduler(ref_backend("draft", max_batch=8), LoopConfig(gamma=4, cost_table=TABLE, calibrate=False), suffix=sp)
+        sched = RoundScheduler(ref_backend("draft", max_batch=8), LoopConfig(gamma=4, cost_table=TABLE, calibrate=False),
+                               suffix=sp)
         rid: dict[int, tuple[int, int]] = {}
         for i, p in enumerate(prompts):
             for t, temp in enumerate(temps):
