@@ -47,7 +47,7 @@ from dspark_trt.spec_decode.costs import CostTable
 log = logging.getLogger(__name__)
 
 
-__all__ = ["Calibration", "CalibrationConfig", "OnlineCosts", "OnlineAcceptance", "box_solve", "solve"]
+__all__ = ["Calibration", "CalibrationConfig", "OnlineCosts", "OnlineAcceptance", "box_solve"]
 
 
 @dataclass(frozen=True)
@@ -67,25 +67,6 @@ class CalibrationConfig:
                                        f"and bounds 0 < lo < 1 < hi, got {self}")
 
 
-def solve(a: Sequence[Sequence[float]], b: Sequence[float]) -> list[float]:
-    """x with a·x = b for a small non-singular a (Gaussian elimination with partial pivoting, plain Python)."""
-    n = len(b)
-    m = [list(map(float, row)) + [float(v)] for row, v in zip(a, b)]  # [n, n + 1]
-    for c in range(n):
-        p = max(range(c, n), key=lambda r: abs(m[r][c]))
-        if m[p][c] == 0.0:
-            raise ZeroDivisionError("singular system")
-        m[c], m[p] = m[p], m[c]
-        for r in range(c + 1, n):
-            f = m[r][c] / m[c][c]
-            for k in range(c, n + 1):
-                m[r][k] -= f * m[c][k]
-    x = [0.0] * n
-    for r in range(n - 1, -1, -1):
-        x[r] = (m[r][n] - sum(m[r][k] * x[k] for k in range(r + 1, n))) / m[r][r]
-    return x
-
-
 def box_solve(a: Sequence[Sequence[float]], b: Sequence[float], lo: Sequence[float],
               hi: Sequence[float]) -> list[float]:
     """The minimiser of ½·xᵀa·x − bᵀx (a symmetric positive-definite: the normal equations a·x = b) within the box
@@ -96,9 +77,10 @@ def box_solve(a: Sequence[Sequence[float]], b: Sequence[float], lo: Sequence[flo
         free = [i for i in range(n) if i not in fixed]
         x = [fixed.get(i, 0.0) for i in range(n)]
         if free:
-            sub = solve([[a[i][j] for j in free] for i in free],
-                        [b[i] - sum(a[i][j] * v for j, v in fixed.items()) for i in free])
-            for i, v in zip(free, sub):
+            sub = torch.linalg.solve(  # [F] (float64: the normal equations of second-scale times square)
+                torch.tensor([[a[i][j] for j in free] for i in free], dtype=torch.float64),
+                torch.tensor([b[i] - sum(a[i][j] * v for j, v in fixed.items()) for i in free], dtype=torch.float64))
+            for i, v in zip(free, sub.tolist()):
                 x[i] = v
         out = [(max(lo[i] - x[i], x[i] - hi[i]), i) for i in free if not lo[i] <= x[i] <= hi[i]]
         if not out:
@@ -216,7 +198,7 @@ class OnlineCosts:
             th_s, th_n = self._verify.solve((g, 0.0), (0.0, pr), (1.0, 1.0), (lo * g, 0.0), (hi * g, one))
             th_d, th_q = self._draft.solve((g, 0.0), (pr, pr), (self.base.draft_seconds(1) or 1.0, 1.0),
                                            (lo * g, 0.0), (hi * g, one))
-        except ZeroDivisionError:  # singular (cannot happen with the priors): keep the table
+        except torch.linalg.LinAlgError:  # singular (cannot happen with the priors): keep the table
             return
         first, self.fitted = not self.fitted, True
         self.theta, self.scale = (th_s, th_n, th_d, th_q), g

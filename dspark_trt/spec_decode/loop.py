@@ -402,6 +402,7 @@ class RoundScheduler:
             asked[i], proposed[i] = True, n
         block = drafted.block if drafted is not None else None
         raw = None  # [R, γ'] the head's own c_j (the calibration learns from them; the round uses the corrected)
+        row_of = {i: j for j, i in enumerate(rows)}  # batch row → its row in the drafter's block
         if block is not None and block.conf is not None and self.calibration is not None:
             raw = block.conf
             block = replace(block, conf=self.calibration.acceptance.correct(raw, [acts[i].sampling.greedy
@@ -430,7 +431,7 @@ class RoundScheduler:
                     self.suffix.observe_committed(sfx[i], out.committed[i])  # type: ignore[arg-type]
             k_d, acc_d = (ks[i], n_acc) if src == DSPARK else (0, 0)  # the policy state learns the drafter only
             if raw is not None and k_d and act.sampling.greedy:
-                self.calibration.acceptance.observe(raw[rows.index(i)].tolist(), k_d, acc_d)  # type: ignore[union-attr]
+                self.calibration.acceptance.observe(raw[row_of[i]].tolist(), k_d, acc_d)  # type: ignore[union-attr]
             c = observe(act.req.policy, act.state, k_d, acc_d, out.top1[i], out.margin[i], self.gate,
                         model=models.get(i))
             before = len(act.tokens)
