@@ -40,6 +40,30 @@ def _bad(name: str, value: object, valid: str) -> InvalidArgumentError:
     return InvalidArgumentError(f"{name}={value!r} is invalid: {name} must be {valid}")
 
 
+def _prompt_ids(value: Any, name: str) -> list[int]:
+    """One prompt as the caller passes it → its ids: a [n] or [1, n] integer tensor / array, a sequence of ints, or
+    a tokenizer's output (a mapping holding "input_ids", e.g. transformers' BatchEncoding from `tokenizer(text)` or
+    `apply_chat_template(..., return_dict=True)`). Anything else: InvalidArgumentError naming what to pass."""
+    if hasattr(value, "keys") and "input_ids" in value.keys():
+        value = value["input_ids"]
+    fix = ("pass token ids: a [1, n] integer tensor or a list of ints, e.g. tokenizer(text)['input_ids'] or "
+           "tokenizer.apply_chat_template(messages, add_generation_prompt=True)")
+    if isinstance(value, (str, bytes)):
+        raise InvalidArgumentError(f"{name} is text ({value[:40]!r}); {fix}")
+    try:
+        ids = torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise InvalidArgumentError(f"{name} of type {type(value).__name__} is not token ids ({e}); {fix}") from None
+    if ids.numel() and (ids.dtype.is_floating_point or ids.is_complex() or ids.dtype == torch.bool):
+        raise InvalidArgumentError(f"{name} holds {ids.dtype} values, not token ids; {fix}")
+    if ids.dim() == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.dim() != 1 or ids.numel() == 0:
+        raise _bad(name, tuple(ids.shape), "a non-empty [1, n] tensor or list of ids (one sequence; batch with "
+                                           "dspark_trt.spec_decode.loop.RoundScheduler)")
+    return [int(t) for t in ids.tolist()]
+
+
 def _is_hf_model(m: object) -> bool:
     return hasattr(m, "state_dict") and hasattr(m, "config") and hasattr(m.config, "to_dict")
 
@@ -208,7 +232,9 @@ class SpeculativeDecodingEngine:
 
     def run(self, prompt_ids: Sequence[int], max_new_tokens: int, sampling: SamplingParams | None = None,
             policy: PolicyConfig | None = None, stop_sequences: Sequence[Sequence[int]] = ()) -> GenerateResult:
-        """One request through spec_decode.loop → GenerateResult (tokens, finish_reason, SpecStats); updates .stats."""
+        """One request through spec_decode.loop → GenerateResult (tokens, finish_reason, SpecStats); updates .stats.
+        prompt_ids: what `generate` takes (ids, a [1, n] tensor or a tokenizer's output)."""
+        prompt_ids = _prompt_ids(prompt_ids, "prompt_ids")
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise _bad("max_new_tokens", max_new_tokens, "an integer ≥ 1")
         room = self.max_length - len(prompt_ids)
@@ -231,15 +257,13 @@ class SpeculativeDecodingEngine:
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor | Sequence[int], max_new_tokens: int = 128,
                  do_sample: bool | None = None, **kw: Any) -> torch.Tensor:
-        """input_ids [1, n] (or a list of ids) → token ids [1, n + new] (prompt included, like HF generate).
+        """input_ids [1, n] (or a list of ids, or a tokenizer's output) → token ids [1, n + new] (prompt included,
+        like HF generate).
         do_sample=False forces greedy; True samples at the engine's temperature/top_p (temperature 0 → 1.0);
         None samples iff temperature > 0. Extra kwargs: temperature, top_p, seed override the engine's."""
-        ids = torch.as_tensor(input_ids)
-        if ids.dim() == 1:
-            ids = ids.unsqueeze(0)
-        if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] == 0:
-            raise _bad("input_ids", tuple(ids.shape), "a non-empty [1, n] tensor (one sequence; batch with "
-                                                      "dspark_trt.spec_decode.loop.RoundScheduler)")
+        prompt = _prompt_ids(input_ids, "input_ids")
+        src = input_ids["input_ids"] if hasattr(input_ids, "keys") and "input_ids" in input_ids.keys() else input_ids
+        device = src.device if isinstance(src, torch.Tensor) else torch.device("cpu")
         unknown = set(kw) - {"temperature", "top_p", "seed"}
         if unknown:
             raise InvalidArgumentError(f"unknown generate() arguments {sorted(unknown)}; valid: input_ids, "
@@ -250,9 +274,8 @@ class SpeculativeDecodingEngine:
         sample = temp > 0 if do_sample is None else bool(do_sample)
         sp = SamplingParams(temperature=(temp or 1.0) if sample else 0.0, top_p=top_p if sample else 1.0,
                             seed=kw.get("seed", self.seed))
-        prompt = [int(t) for t in ids[0].tolist()]
         res = self.run(prompt, max_new_tokens, sp)
-        return torch.tensor([prompt + res.tokens], dtype=torch.long, device=ids.device)
+        return torch.tensor([prompt + res.tokens], dtype=torch.long, device=device)
 
     def _summarise(self, res: GenerateResult, wall: float, target_s: float, verify_n: int, draft_s: float,
                    draft_n: int) -> dict[str, Any]:

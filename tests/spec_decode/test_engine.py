@@ -55,3 +55,27 @@ def test_hf_objects_convert_exactly(hf_pair, tiny_pair) -> None:
         assert torch.allclose(out, hf(ids).logits, atol=1e-5)
     with pytest.raises(InvalidArgumentError, match="must be a Hugging Face causal LM"):
         to_runtime_model(42)
+
+
+def test_a_tokenizers_output_is_a_prompt_and_text_is_refused_by_name(hf_pair) -> None:
+    """What a user has in hand after tokenizing — a BatchEncoding (tokenizer(text), apply_chat_template(...,
+    return_dict=True)), a [1, n] tensor, a list — generates the same tokens; text, floats or a batch of two get an
+    InvalidArgumentError saying what to pass (the loop never sees them)."""
+    target, draft, tok = hf_pair
+    eng = SpeculativeDecodingEngine(target_model=target, draft_model=draft, tokenizer=tok, max_length=64,
+                                    policy="fixed", draft_length=3)
+    enc = tok("def main():\n    return", return_tensors="pt")
+    ref = eng.generate(enc["input_ids"], max_new_tokens=8, do_sample=False)
+    assert eng.generate(enc, max_new_tokens=8, do_sample=False).tolist() == ref.tolist()
+    assert eng.generate(enc["input_ids"][0].tolist(), max_new_tokens=8, do_sample=False).tolist() == ref.tolist()
+    assert eng.run(tok("def main():\n    return"), 8).tokens == ref[0, enc["input_ids"].shape[1]:].tolist()
+    for bad, match in [("def main():", r"input_ids is text .*tokenizer\(text\)\['input_ids'\]"),
+                       (torch.tensor([[1.0, 2.0]]), r"input_ids holds torch.float32 values, not token ids"),
+                       (torch.tensor([[1, 2], [3, 4]]), r"input_ids=\(2, 2\) is invalid: .*one sequence"),
+                       ([], r"input_ids=\(0,\) is invalid"), ([[1, 2], [3]], r"is not token ids")]:
+        with pytest.raises(InvalidArgumentError, match=match):
+            eng.generate(bad, max_new_tokens=4)
+    with pytest.raises(InvalidArgumentError, match=r"prompt_ids is text"):
+        eng.run("hello", 4)
+    with pytest.raises(InvalidArgumentError, match=r"token ids \[9999\] outside the vocabulary"):
+        eng.generate([1, 9999], max_new_tokens=4)
