@@ -268,12 +268,14 @@ def test_native_context_flush_of_several_slots_equals_each_slot_alone(target: Ca
             drafter._len[s] = sum(ns)
         if not native_ok:
             drafter._native_ok = lambda span: False  # type: ignore[method-assign]
+            drafter.use_plan = False
         try:
             with torch.inference_mode():
                 for slots in groups:
                     drafter._flush(slots)
         finally:
             drafter.__dict__.pop("_native_ok", None)
+            drafter.use_plan = True
         assert not drafter._pending
         return [t.clone() for t in drafter._k + drafter._v]
 
@@ -286,3 +288,51 @@ def test_native_context_flush_of_several_slots_equals_each_slot_alone(target: Ca
     for a, b in zip(together, flush([[0, 1, 2]], native_ok=False)):
         torch.testing.assert_close(a, b, rtol=tol, atol=tol)
     assert all(bool(t[s, :, :sum(ns)].abs().sum() > 0) for t in together for s, ns in chunks.items())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_bound_draft_plan_gives_the_unbound_paths_bits_and_follows_the_weights(target: CausalLM,
+                                                                                dtype: torch.dtype) -> None:
+    """The drafter's greedy pass with its products bound once (native_plan.DraftPlan: one C++ call per product, no
+    per-call dispatch) gives the unbound path's tokens and confidences bit for bit — rows of different context
+    lengths in one batch, the int8 and the param-dtype head — and rebinds when a weight changes in place or the head's
+    precision is switched (the drafts then follow the new weights)."""
+    from dspark_trt.runtime import native
+    from dspark_trt.testing.tiny import tiny_dspark_drafter
+
+    if not native.available():
+        pytest.skip(f"native kernels unavailable here ({native.unavailable_reason()}); the path under test is theirs")
+    drafter = tiny_dspark_drafter(target, gamma=4, draft_vocab=200)
+    m = drafter.model.to(dtype)
+    m.attach_target(target.transformer.vocab_embedding.weight.to(dtype), target.lm_head_weight.to(dtype))
+    g = torch.Generator().manual_seed(8)
+    lens = [9, 3, 14]
+
+    def proposals() -> list[tuple[torch.Tensor, torch.Tensor]]:
+        out = []
+        for bound in (True, False):
+            drafter.use_plan = bound
+            drafter.allocate(3, 64)
+            drafter.extend_context(torch.arange(3), toks, torch.tensor(lens), feats)
+            blk = drafter.propose(torch.arange(3), torch.tensor([7, 8, 9]), 4, [SamplingParams()] * 3)
+            assert (drafter.draft_plan() is not None) == bound  # bound: the plan is what ran
+            out.append((blk.tokens, blk.conf))
+        drafter.use_plan = True
+        return out
+
+    feats = (torch.randn(3, max(lens), drafter.cfg.feature_size, generator=g) * 2).to(dtype)
+    toks = torch.randint(0, drafter.vocab_size, (3, max(lens)), generator=g)
+    with torch.no_grad():  # a head that spreads its logits, so the drafts depend on the weights
+        m.markov_w2.weight.normal_(0, 0.5, generator=g)
+    seen = []
+    for int8 in (True, False):
+        m.int8_head = int8
+        (bt, bc), (ut, uc) = proposals()
+        assert torch.equal(bt, ut) and torch.equal(bc, uc)
+        seen.append(bt)
+    with torch.no_grad():
+        m.layers[0].o_proj.weight.mul_(-3.0)
+        m.markov_w2.weight.mul_(-1.0)
+    (bt, bc), (ut, uc) = proposals()
+    assert torch.equal(bt, ut) and torch.equal(bc, uc)
+    assert not torch.equal(bt, seen[-1])  # the plan was rebound: the changed weights are what ran

@@ -22,6 +22,7 @@ from dspark_trt.errors import DrafterError
 from dspark_trt.runtime import dispatch, native, ops
 from dspark_trt.runtime.drafters.config import DSparkConfig
 from dspark_trt.runtime.drafters.layers import DSparkLayer, RMSNorm, fused_weight, native_product
+from dspark_trt.runtime.drafters.native_plan import DraftPlan
 from dspark_trt.runtime.quant_linear import int8_rows
 from dspark_trt.spec_decode.protocols import DraftBlock, SamplingParams
 
@@ -239,6 +240,8 @@ class DSparkDrafter:
         # queues them; the next propose for the slot projects them all in one pass (a 1-token extension costs about
         # as much as a 32-token one, and rounds that do not draft should cost the drafter nothing).
         self._pending: dict[int, list[tuple[int, torch.Tensor]]] = {}
+        self._plan: tuple[tuple, DraftPlan | None] | None = None  # (DraftPlan.key, plan or None: unbound path)
+        self.use_plan = True  # False: the unbound path (tests compare the two)
 
     @property
     def device(self) -> torch.device:
@@ -293,7 +296,9 @@ class DSparkDrafter:
         queued = [(slot, self._pending.pop(slot)) for slot in slots if self._pending.get(slot)]
         if not queued:
             return
-        if self._native_ok(max(c[-1][0] + c[-1][1].shape[0] for _, c in queued)) and self._flush_native(queued):
+        span = max(c[-1][0] + c[-1][1].shape[0] for _, c in queued)
+        plan = self.draft_plan() if span <= self.max_seq else None
+        if (plan is not None or self._native_ok(span)) and self._flush_native(queued, plan):
             return
         for slot, chunks in queued:
             p0 = chunks[0][0]
@@ -305,7 +310,18 @@ class DSparkDrafter:
                 self._k[li][slot, :, p0:p0 + n] = k[0]
                 self._v[li][slot, :, p0:p0 + n] = v[0]
 
-    def _flush_native(self, queued: list[tuple[int, list[tuple[int, torch.Tensor]]]]) -> bool:
+    def draft_plan(self) -> DraftPlan | None:
+        """The model's products bound once (native_plan.DraftPlan), rebound when a tensor, the head's precision or
+        the engine changes; None where the unbound path runs (torch products, a model the plan does not take)."""
+        m = self.model
+        if not self.use_plan or not ops.choose_kernel(m.param_dtype).native:
+            return None
+        hit = self._plan
+        if hit is None or (not hit[1].valid(m) if hit[1] is not None else hit[0] != DraftPlan.key(m)):
+            hit = self._plan = (DraftPlan.key(m), DraftPlan.bind(m))
+        return hit[1]
+
+    def _flush_native(self, queued: list[tuple[int, list[tuple[int, torch.Tensor]]]], plan: DraftPlan | None) -> bool:
         """The torch flush's arithmetic on the native kernels, rows of every slot at once (each row's bits are its
         own: the products are row-invariant): ctx = fc(features), ctx_norm fused into one k|v product of all the layers
         ([N, L·2·Hkv·hd]: the native prologue's RMSNorm, whose sum of squares may round apart from torch's mean in
@@ -313,11 +329,14 @@ class DSparkDrafter:
         False (nothing written) where the fc product is not a native one."""
         m = self.model
         feats = torch.cat([f for _, chunks in queued for _, f in chunks]).to(self.device, m.param_dtype)  # [N, F]
-        ctx = native_product(feats, m.fc.weight) if type(m.fc) is nn.Linear and m.fc.bias is None else None
-        if ctx is None:
-            return False
-        w = fused_weight(m, "ctx_kv", [t for layer in m.layers for t in (layer.k_proj.weight, layer.v_proj.weight)])
-        kv = native.linear(ctx, w, norm=m.ctx_norm.weight, eps=m.ctx_norm.eps)  # [N, L·2·Hkv·hd]
+        if plan is not None:
+            kv = plan.context_kv(feats)  # [N, L·2·Hkv·hd]
+        else:
+            ctx = native_product(feats, m.fc.weight) if type(m.fc) is nn.Linear and m.fc.bias is None else None
+            if ctx is None:
+                return False
+            w = fused_weight(m, "ctx_kv", [t for layer in m.layers for t in (layer.k_proj.weight, layer.v_proj.weight)])
+            kv = native.linear(ctx, w, norm=m.ctx_norm.weight, eps=m.ctx_norm.eps)  # [N, L·2·Hkv·hd]
         width = kv.shape[1] // len(m.layers)
         row = 0
         for slot, chunks in queued:
@@ -373,6 +392,11 @@ class DSparkDrafter:
         pos_d1 = lens + 1 if positions is None else torch.as_tensor(positions).to(dev)  # [B]
         B, C = len(s), max(1, int(lens.max()))
         anchors = anchors.to(dev)
+        plan = self.draft_plan() if all(p.greedy for p in sampling) else None
+        if plan is not None and int(lens.max()) + G <= self.max_seq:  # all-greedy rows, products bound once
+            toks, conf = plan.propose_greedy(anchors, self._k, self._v, torch.tensor(s), lens, G, gamma,
+                                             m.rope_table(int(lens.max()) + G), m.norm)
+            return DraftBlock(tokens=toks.cpu(), q=None, conf=conf.float().cpu())
         if self._native_ok(int(lens.max()) + G):
             hid = m.backbone_native(anchors, self._k, self._v, torch.tensor(s), lens, G)  # [B, G, d]
         else:
