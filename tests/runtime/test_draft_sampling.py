@@ -296,7 +296,8 @@ def test_bound_draft_plan_gives_the_unbound_paths_bits_and_follows_the_weights(t
     """The drafter's greedy pass with its products bound once (native_plan.DraftPlan: one C++ call per product, no
     per-call dispatch) gives the unbound path's tokens and confidences bit for bit — rows of different context
     lengths in one batch, the int8 and the param-dtype head — and rebinds when a weight changes in place or the head's
-    precision is switched (the drafts then follow the new weights)."""
+    precision is switched (the drafts then follow the new weights); a block of γ' < γ tokens, whose head runs on γ'
+    rows only, is the prefix of the full one."""
     from dspark_trt.runtime import native
     from dspark_trt.testing.tiny import tiny_dspark_drafter
 
@@ -336,3 +337,5 @@ def test_bound_draft_plan_gives_the_unbound_paths_bits_and_follows_the_weights(t
     (bt, bc), (ut, uc) = proposals()
     assert torch.equal(bt, ut) and torch.equal(bc, uc)
     assert not torch.equal(bt, seen[-1])  # the plan was rebound: the changed weights are what ran
+    short = drafter.propose(torch.arange(3), torch.tensor([7, 8, 9]), 2, [SamplingParams()] * 3)  # γ' = 2 of 4
+    assert torch.equal(short.tokens, bt[:, :2]) and torch.equal(short.conf, bc[:, :2])  # the head ran on 2 rows

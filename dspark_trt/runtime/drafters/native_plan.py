@@ -133,8 +133,10 @@ class DraftPlan:
             h = self._linear(self._linear(h, up_gate, norm=(ln2, eps2)), down, residual=h)
         hid = final_norm(h).view(B, G, -1)  # [B, G, d]
         pk, rowsum, kind, n, sw, hscale = self.head
-        u = ext.linear(hid.reshape(B * G, -1), pk, rowsum, kind, n, sw, hscale, None, False, None, None, 0.0, None,
-                       0.0, True).view(B, G, -1)[:, :gamma]  # [B, γ, Vd] f32
+        # the head over the γ rows asked for only: its products are row-invariant, so these are the full block's bits
+        hg = hid[:, :gamma].reshape(B * gamma, -1)  # [B·γ, d]
+        u = ext.linear(hg if hg.is_contiguous() else hg.contiguous(), pk, rowsum, kind, n, sw, hscale, None, False,
+                       None, None, 0.0, None, 0.0, True).view(B, gamma, -1)  # [B, γ, Vd] f32
         conf_bias = ((hid.float() * self.conf_w).sum(-1) + self.conf_b)[:, :gamma]  # [B, γ]
         out = ext.markov_greedy(u.contiguous(), anchors.long().contiguous(), self.w1, *self.markov, self.d2t)
         toks = out[1]  # [B, γ] target ids
