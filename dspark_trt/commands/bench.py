@@ -5,9 +5,10 @@ drafter too) vs ours plain vs Hugging Face generate, side by side, in one run.
 Owns the benchmark protocol: the same prompts and token ids for every engine (default: the held-out prompts
 of dspark_trt.train.prompts, never used in training; `--prompt-set` names the packaged sets of
 dspark_trt/assets/prompts (code-edit, text, all); or `--prompts FILE`, JSONL of {"prompt", "chat", "kind"}),
-greedy (or sampled with `--temperature`, prompt i seeded `--seed` + i for every engine), EOS ignored so every run decodes the same number of tokens; decode tok/s excludes prompt processing
-(time of a 1-token run of the same prompt is subtracted); engines are interleaved per prompt and the median
-over prompts × repeats is reported; speculative output is checked token for token against ours plain; one
+greedy (or sampled with `--temperature`, prompt i seeded `--seed` + i for every engine), EOS ignored so every run
+decodes the same number of tokens (`--stop-at-eos`: answers end where a request's would); decode tok/s excludes
+prompt processing (time of a 1-token run of the same prompt is subtracted); engines are interleaved per prompt and
+the median over prompts × repeats is reported; speculative output is checked token for token against ours plain; one
 measured cost table (verify by tokens + drafter pass) is shared by every policy. The suffix proposer's
 cross-request index of recent outputs is emptied before every run (a repeat would otherwise copy its own earlier
 output); its learned confidences carry over, as they do in a server. The report and its plot are written by
@@ -74,6 +75,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prompts", type=int, default=0, help="use only the first N prompts (0 = all)")
     p.add_argument("--max-new-tokens", type=int, default=D.max_new_tokens,
                    help=f"tokens decoded per run (EOS ignored; default {D.max_new_tokens})")
+    p.add_argument("--stop-at-eos", action="store_true",
+                   help="answers end at EOS as a user's requests do (every engine's greedy answer has plain's length; "
+                        "tok/s over each answer's own tokens); default: EOS ignored, every run decodes "
+                        "--max-new-tokens, past the answer's end")
     p.add_argument("--repeats", type=int, default=D.repeats, help="interleaved rounds over all prompts (median)")
     p.add_argument("--policies", default=D.policies, help="DSpark K policies to run (comma list)")
     p.add_argument("--fixed-k", default=D.fixed_k, help='K values for the fixed policy: "all" (1..γ) or "2,4"')
@@ -252,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
         hf = AutoModelForCausalLM.from_pretrained(target_dir, dtype=hf_dtype).eval()
         hf_row = f"{HF_ROW} ({'bf16' if hf_dtype == torch.bfloat16 else 'fp32: bf16 products are slow on this CPU'})"
     n = args.max_new_tokens
+    own_eos = {name: eng.eos_ids for name, eng in engines.items()}  # the target's EOS ids (--stop-at-eos)
     results: dict[str, EngineResult] = {name: EngineResult() for name in engines}
     if hf is not None:
         results[hf_row] = EngineResult()
@@ -267,12 +273,13 @@ def run(args: argparse.Namespace) -> int:
             sp = SamplingParams(temperature=args.temperature, seed=args.seed + pi) if sampled else SamplingParams()
             for name in names[shift:] + names[:shift]:
                 eng = engines[name]
-                eng.eos_ids = ()  # EOS ignored: every run decodes exactly n tokens
+                eng.eos_ids = own_eos[name] if args.stop_at_eos else ()  # () = EOS ignored: exactly n tokens a run
                 eng.suffix.forget_outputs()  # no run copies an earlier run's output of the same prompt
                 ttft, _ = _timed(lambda: eng.run(prompt, 1, sp))
                 wall, res = _timed(lambda: eng.run(prompt, n, sp))
                 r = results[name]
-                r.rates.append((n - 1) / max(wall - ttft, 1e-9))
+                if len(res.tokens) > 1:  # a 1-token answer has no decode time to measure
+                    r.rates.append((len(res.tokens) - 1) / max(wall - ttft, 1e-9))
                 r.stats.append(res.stats)
                 r.kinds.append(prompts[pi].kind)
                 tokens[name] = res.tokens
@@ -281,11 +288,14 @@ def run(args: argparse.Namespace) -> int:
                     results[name].mismatches += 1
             if hf is not None:
                 x = torch.tensor([prompt])
-                kw = dict(do_sample=False, eos_token_id=None, pad_token_id=tok.pad_token_id or 0)
+                eos = (list(own_eos["ours plain"]) or None) if args.stop_at_eos else None
+                kw = dict(do_sample=False, eos_token_id=eos, pad_token_id=tok.pad_token_id or 0)
                 with torch.no_grad():
                     ttft, _ = _timed(lambda: hf.generate(x, max_new_tokens=1, min_new_tokens=1, **kw))
-                    wall, _ = _timed(lambda: hf.generate(x, max_new_tokens=n, min_new_tokens=n, **kw))
-                results[hf_row].rates.append((n - 1) / max(wall - ttft, 1e-9))
+                    wall, out = _timed(lambda: hf.generate(x, max_new_tokens=n, min_new_tokens=1 if eos else n, **kw))
+                m = out.shape[1] - x.shape[1]  # new tokens (EOS included)
+                if m > 1:
+                    results[hf_row].rates.append((m - 1) / max(wall - ttft, 1e-9))
     if args.out is None:
         from dspark_trt.runtime import native
 

@@ -39,6 +39,17 @@ def _temperature(args: argparse.Namespace) -> float:
     return float(getattr(args, "temperature", 0.0) or 0.0)
 
 
+def _length_label(args: Any, results: dict[str, Any]) -> str:
+    """How long each run's answer is: --max-new-tokens with EOS ignored, or the answer's own length (--stop-at-eos:
+    plain's answers' mean, min and max)."""
+    if getattr(args, "stop_at_eos", False):
+        lens = [s.committed_tokens for s in results["ours plain"].stats] or [0]
+        return (f"answers end at EOS as requests do (at most {args.max_new_tokens} new tokens; plain's answers "
+                f"{statistics.mean(lens):.1f} tokens on average, {min(lens)}–{max(lens)}; tok/s over each answer's "
+                f"own tokens, 1-token answers skipped)")
+    return f"EOS ignored, {args.max_new_tokens} new tokens per run"
+
+
 def _sampling_label(args: argparse.Namespace) -> str:
     t = _temperature(args)
     return (f"sampled at temperature {t:g} (prompt i seeded {args.seed} + i, the same seed for every engine: a suffix "
@@ -83,7 +94,7 @@ def write_report(args: argparse.Namespace, results: dict[str, Any], gamma: int, 
         f"(CPU flags: {stamp['flags']}).", "",
         f"Target: {args.target or 'embedded SmolLM2-135M-Instruct'} ({args.dtype}); drafter: {draft_dir.name} "
         f"(γ = {gamma}). {n_prompts} prompts ({args.prompts or _set_label(args)}), {_sampling_label(args)}, "
-        f"EOS ignored, {args.max_new_tokens} new tokens per run, {args.repeats} interleaved round(s). Decode tok/s "
+        f"{_length_label(args, results)}, {args.repeats} interleaved round(s). Decode tok/s "
         f"excludes prompt processing (a 1-token run of the same prompt is subtracted); median over prompts × rounds. "
         f"Command: `dspark-trt bench --max-new-tokens {args.max_new_tokens} --repeats {args.repeats} --threads "
         f"{stamp['torch_threads']}"
@@ -92,6 +103,7 @@ def write_report(args: argparse.Namespace, results: dict[str, Any], gamma: int, 
         f"{' --prompt-set ' + args.prompt_set if getattr(args, 'prompt_set', 'held-out') != 'held-out' else ''}"
         f"{' --max-prompts ' + str(args.max_prompts) if getattr(args, 'max_prompts', 0) else ''}"
         f"{' --corpus ' + str(args.corpus) if getattr(args, 'corpus', 'auto') != 'auto' else ''}"
+        f"{' --stop-at-eos' if getattr(args, 'stop_at_eos', False) else ''}"
         f"{_sampling_flags(args)}`. Suffix corpus "
         f"(the suffix rows): {_corpus_label(getattr(args, 'corpus', 'auto'))}.", "",
         "| engine | decode tok/s | vs ours plain | vs HF | τ | acceptance α | drafted rounds | "

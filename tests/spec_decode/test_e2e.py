@@ -231,6 +231,29 @@ def test_bench_writes_a_report(tiny_pair, tmp_path, capsys, caplog) -> None:
                  "--no-hf", "--out", str(out)]) != 0
     assert 'must be a JSON object with "prompt"' in caplog.text
 
+def test_bench_stop_at_eos_measures_answers_as_requests_end(tiny_pair, tmp_path) -> None:
+    """--stop-at-eos: the runs keep the target's EOS, so an answer that ends early is measured over its own tokens
+    (the report states plain's answer lengths); without it every run decodes --max-new-tokens past EOS."""
+    from dspark_trt.cli import main
+
+    prompts = tmp_path / "p.jsonl"  # the tiny target ends "a b c" with EOS at its 39th token
+    prompts.write_text('{"prompt": "a b c", "chat": false, "kind": "text"}\n')
+
+    def report(*flags: str) -> str:
+        out = tmp_path / f"bench{len(flags)}.md"
+        assert main(["bench", "--target", str(tiny_pair.target), "--draft", str(tiny_pair.draft), "--dtype",
+                     "float32", "--max-new-tokens", "48", "--repeats", "1", "--prompts", str(prompts), "--no-hf",
+                     "--policies", "survival", "--fixed-k", "2", "--no-suffix", "--out", str(out), *flags]) == 0
+        return out.read_text()
+
+    eos = report("--stop-at-eos")
+    assert "answers end at EOS as requests do (at most 48 new tokens; plain's answers 39.0 tokens on average, 39–39" \
+        in eos and "--stop-at-eos`" in eos
+    rows = [line for line in eos.split("Acceptance per position")[0].splitlines() if line.startswith("| ours")]
+    assert rows and all(r.rstrip().endswith("| yes |") for r in rows[1:])  # lossless at the answer's own end
+    assert "EOS ignored, 48 new tokens per run" in report()
+
+
 def test_bench_hf_row_runs_in_the_dtype_its_products_are_fast_in(tiny_pair, tmp_path) -> None:
     """The Hugging Face baseline row: bf16 where bf16 matrix products are fast, else fp32 and labelled so (a CPU
     without AVX512_BF16 / AMX runs torch's bf16 GEMM ~100x slower); ours are compared with it in the vs-HF column."""
