@@ -5,6 +5,7 @@ one-token pass (`_paired`)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -52,13 +53,32 @@ def test_profile_covers_verify_and_pass_sizes(backend: SpecBackend, tmp_path: Pa
     assert table.context == table.ctx_t0 == table.ctx_t1 == 0  # no room for a long context: context-blind
 
 
+class _ContextPriced:
+    """The real target, each pass made dearer by a known cost per cached token of its rows (a sleep): a long
+    context's price the profile must find. The tiny target's own attention over 1,024 keys is a few µs — within
+    the timer's noise on a 2-core VM, where a test that asked the profile to find it failed now and then."""
+
+    def __init__(self, target: object, per_token: float) -> None:
+        self._target, self._per_token = target, per_token
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._target, name)
+
+    def __call__(self, ids: torch.Tensor, cache, slots: torch.Tensor, *a, **kw):  # noqa: ANN001, ANN002, ANN003, ANN204
+        time.sleep(self._per_token * int(cache.lengths[slots].max()))
+        return self._target(ids, cache, slots, *a, **kw)
+
+
 def test_profile_measures_what_a_long_context_adds(tiny_pair) -> None:  # noqa: ANN001
-    """With room for LONG_CONTEXT cached tokens, the same passes are timed at 64 and at LONG_CONTEXT: a row's
-    attention over the extra tokens is priced per cached token (the table's context terms)."""
+    """With room for LONG_CONTEXT cached tokens, the same passes are timed at 64 and at LONG_CONTEXT: what a row's
+    cached tokens add to a pass is priced per cached token (the table's context terms) — here a known 2 µs each."""
     backend = _backend(tiny_pair, LONG_CONTEXT + 64)
+    per_token = 2e-6
+    backend.target = _ContextPriced(backend.target, per_token)
     table = profile_costs(backend, 5, reps=3, pass_tokens=16)
     assert table.context == 64
-    assert table.row_seconds(LONG_CONTEXT, 1) > 0  # one token over 1,024 cached ones costs more than over 64
+    extra = per_token * (LONG_CONTEXT - 64)  # one token over 1,024 cached ones costs this much more than over 64
+    assert 0.5 * extra < table.row_seconds(LONG_CONTEXT, 1) < 2.0 * extra
     assert min(table.ctx_t0, table.ctx_t1, table.draft_ctx) >= 0
     assert int(backend.cache.lengths[:2].sum()) == 0
 
