@@ -6,7 +6,7 @@ weight and fixed kernel arguments, the confidence head's weights in fp32, and `p
 all-greedy rows with one C++ call per product and no per-call dispatch (runtime.native_forward.NativePlan's idea for
 the target). Same calls, same arguments, same op order as DSparkModel's unbound path (`backbone_native`,
 `base_logits`, `confidence_parts`, dispatch's native greedy Markov block), so the same bits
-(tests/runtime/test_drafters.py); `valid()` tells the owner when a tensor it was built from has changed, or the
+(tests/runtime/test_draft_sampling.py); `valid()` tells the owner when a tensor it was built from has changed, or the
 engine. Knows nothing about slots, caches' allocation or scheduling: DSparkDrafter holds, rebuilds and uses it.
 """
 from __future__ import annotations
