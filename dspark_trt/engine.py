@@ -40,12 +40,14 @@ def _bad(name: str, value: object, valid: str) -> InvalidArgumentError:
     return InvalidArgumentError(f"{name}={value!r} is invalid: {name} must be {valid}")
 
 
-def _prompt_ids(value: Any, name: str) -> list[int]:
-    """One prompt as the caller passes it → its ids: a [n] or [1, n] integer tensor / array, a sequence of ints, or
-    a tokenizer's output (a mapping holding "input_ids", e.g. transformers' BatchEncoding from `tokenizer(text)` or
-    `apply_chat_template(..., return_dict=True)`). Anything else: InvalidArgumentError naming what to pass."""
+def _prompt_ids(value: Any, name: str) -> tuple[list[int], torch.device]:
+    """One prompt as the caller passes it → (its ids, the device its tensor is on, else the CPU): a [n] or [1, n]
+    integer tensor / array, a sequence of ints, or a tokenizer's output (a mapping holding "input_ids", e.g.
+    transformers' BatchEncoding from `tokenizer(text)` or `apply_chat_template(..., return_dict=True)`). Anything
+    else: InvalidArgumentError naming what to pass."""
     if hasattr(value, "keys") and "input_ids" in value.keys():
         value = value["input_ids"]
+    device = value.device if isinstance(value, torch.Tensor) else torch.device("cpu")
     fix = ("pass token ids: a [1, n] integer tensor or a list of ints, e.g. tokenizer(text)['input_ids'] or "
            "tokenizer.apply_chat_template(messages, add_generation_prompt=True)")
     if isinstance(value, (str, bytes)):
@@ -61,7 +63,7 @@ def _prompt_ids(value: Any, name: str) -> list[int]:
     if ids.dim() != 1 or ids.numel() == 0:
         raise _bad(name, tuple(ids.shape), "a non-empty [1, n] tensor or list of ids (one sequence; batch with "
                                            "dspark_trt.spec_decode.loop.RoundScheduler)")
-    return [int(t) for t in ids.tolist()]
+    return [int(t) for t in ids.tolist()], device
 
 
 def _is_hf_model(m: object) -> bool:
@@ -234,7 +236,7 @@ class SpeculativeDecodingEngine:
             policy: PolicyConfig | None = None, stop_sequences: Sequence[Sequence[int]] = ()) -> GenerateResult:
         """One request through spec_decode.loop → GenerateResult (tokens, finish_reason, SpecStats); updates .stats.
         prompt_ids: what `generate` takes (ids, a [1, n] tensor or a tokenizer's output)."""
-        prompt_ids = _prompt_ids(prompt_ids, "prompt_ids")
+        prompt_ids, _ = _prompt_ids(prompt_ids, "prompt_ids")
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise _bad("max_new_tokens", max_new_tokens, "an integer ≥ 1")
         room = self.max_length - len(prompt_ids)
@@ -261,9 +263,7 @@ class SpeculativeDecodingEngine:
         like HF generate).
         do_sample=False forces greedy; True samples at the engine's temperature/top_p (temperature 0 → 1.0);
         None samples iff temperature > 0. Extra kwargs: temperature, top_p, seed override the engine's."""
-        prompt = _prompt_ids(input_ids, "input_ids")
-        src = input_ids["input_ids"] if hasattr(input_ids, "keys") and "input_ids" in input_ids.keys() else input_ids
-        device = src.device if isinstance(src, torch.Tensor) else torch.device("cpu")
+        prompt, device = _prompt_ids(input_ids, "input_ids")
         unknown = set(kw) - {"temperature", "top_p", "seed"}
         if unknown:
             raise InvalidArgumentError(f"unknown generate() arguments {sorted(unknown)}; valid: input_ids, "

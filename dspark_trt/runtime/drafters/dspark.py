@@ -290,14 +290,14 @@ class DSparkDrafter:
         first (the round loop's cost calibration prices that flush apart from the pass)."""
         return [sum(f.shape[0] for _, f in self._pending.get(int(slot), ())) for slot in slots]
 
-    def _flush(self, slots: Sequence[int]) -> None:
+    def _flush(self, slots: Sequence[int], plan: DraftPlan | None = None) -> None:
         """Project the queued features of these slots into their context KV: on the native kernels, all the slots'
         rows in one fc product and one k|v product of every layer (`_flush_native`), else one torch pass per slot."""
         queued = [(slot, self._pending.pop(slot)) for slot in slots if self._pending.get(slot)]
         if not queued:
             return
         span = max(c[-1][0] + c[-1][1].shape[0] for _, c in queued)
-        plan = self.draft_plan() if span <= self.max_seq else None
+        plan = plan if span <= self.max_seq else None  # the caller's bound plan (propose binds it once a pass)
         if (plan is not None or self._native_ok(span)) and self._flush_native(queued, plan):
             return
         for slot, chunks in queued:
@@ -386,14 +386,14 @@ class DSparkDrafter:
         if not 1 <= gamma <= self.gamma:
             raise DrafterError(f"gamma={gamma} outside 1..{self.gamma} (the drafter's block_size). "
                                "Fix: ask for at most block_size tokens.")
-        self._flush(s)
+        plan = self.draft_plan()
+        self._flush(s, plan)
         m, G, dev = self.model, self.gamma, self.device
         lens = self._len[s].to(dev)  # [B] context length = position of the anchor
         pos_d1 = lens + 1 if positions is None else torch.as_tensor(positions).to(dev)  # [B]
         B, C = len(s), max(1, int(lens.max()))
         anchors = anchors.to(dev)
-        plan = self.draft_plan() if all(p.greedy for p in sampling) else None
-        if plan is not None and int(lens.max()) + G <= self.max_seq:  # all-greedy rows, products bound once
+        if plan is not None and all(p.greedy for p in sampling) and int(lens.max()) + G <= self.max_seq:  # all-greedy rows, products bound once
             toks, conf = plan.propose_greedy(anchors, self._k, self._v, torch.tensor(s), lens, G, gamma,
                                              m.rope_table(int(lens.max()) + G), m.norm)
             return DraftBlock(tokens=toks.cpu(), q=None, conf=conf.float().cpu())

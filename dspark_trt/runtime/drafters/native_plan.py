@@ -71,10 +71,9 @@ class DraftPlan:
             w8, scale = model._head_q[1], model._head_q[2]
             pk, rowsum = native.packed(w8, native.Pack.I8Q)
             head_args = (pk, rowsum, native.Pack.I8Q, w8.shape[0], False, scale)
-        elif ops.choose_kernel(dt, weight=head).native:
-            kern = ops.choose_kernel(dt, weight=head)
-            pk, rowsum = native.packed(head, kern.kind)
-            head_args = (pk, rowsum, kern.kind, head.shape[0], False, None)
+        else:
+            bound = bind(head)
+            head_args = None if bound is None else (*bound, None)  # (pk, rowsum, kind, Vd, swiglu=False, scale)
         w1, w2 = model.markov_w1.weight, model.markov_w2.weight
         markov = bind(w2) if w1.dtype == w2.dtype else None
         if lin["fc"] is None or lin["ctx_kv"] is None or head_args is None or markov is None:
