@@ -18,6 +18,7 @@ below thr × plain, then DSpark; and the hindsight oracle (per round the best of
 paid only when DSpark is taken) — no real chooser can reach it. Also the joint acceptance by the suffix's c_1.
 
     .venv/bin/python scripts/proposer_headroom.py [--prompt-set held-out] [--new 96] [--json OUT]
+    .venv/bin/python scripts/proposer_headroom.py --trace OUT --draft-price 1,0.5,0   # re-priced, no model runs
 """
 from __future__ import annotations
 
@@ -100,9 +101,11 @@ def accepted(prop: list[int], answer: list[int], t: int) -> int:
     return n
 
 
-def evaluate(table: Any, prompts: list[dict]) -> str:
-    """The choosers' speeds relative to plain, and the joint acceptance by the suffix's c_1, as markdown."""
-    step, draft = table.step_seconds, table.draft_seconds(1)
+def evaluate(table: Any, prompts: list[dict], draft_price: float = 1.0) -> str:
+    """The choosers' speeds relative to plain, and the joint acceptance by the suffix's c_1, as markdown.
+    draft_price: the drafter's pass at this multiple of its profiled price (0: free) — what a cheaper drafter pass
+    would let a chooser gain, with the same proposals."""
+    step, draft = table.step_seconds, table.draft_seconds(1) * draft_price
 
     def best_k(c: list[float], cap: int, extra: float = 0.0) -> tuple[int, float]:
         best, bk, gained, run = 1.0 / (step(1) + extra), 0, 0.0, 1.0
@@ -149,7 +152,8 @@ def evaluate(table: Any, prompts: list[dict]) -> str:
                 b = next(b for b in bins if b[0] <= s["c"][0] < b[1])
                 joint.setdefault(b, []).append((accepted(s["t"], ans, t), accepted(d["t"], ans, t)))
     base = tot["plain"][0] / tot["plain"][1]
-    lines = [f"{n} rounds; drafter pass {draft / step(1):.2f}× a one-token step (profiled)", "",
+    priced = "profiled" if draft_price == 1.0 else f"{draft_price:g}× the profiled price"
+    lines = [f"{n} rounds; drafter pass {draft / step(1):.2f}× a one-token step ({priced})", "",
              "| chooser | tokens a round | speed vs plain (cost table) |", "|---|---|---|"]
     lines += [f"| {k} | {a / n:.2f} | {a / b / base:.3f} |" for k, (a, b) in tot.items()]
     lines += ["", "| suffix c_1 | rounds | suffix keeps ≥ 1 | DSpark keeps ≥ 1 | suffix mean kept | DSpark mean kept |",
@@ -170,13 +174,31 @@ def main() -> None:
     ap.add_argument("--prompt-set", choices=PROMPT_SETS, default="held-out")
     ap.add_argument("--new", type=int, default=96, help="greedy answer tokens per prompt (EOS ignored)")
     ap.add_argument("--json", type=Path, default=None, help="also write the traced rounds here")
+    ap.add_argument("--trace", type=Path, default=None,
+                    help="re-price the rounds a --json run wrote instead of tracing (no model runs)")
+    ap.add_argument("--draft-price", default="1",
+                    help="comma list of drafter-pass prices, multiples of the profiled one (0: free), one table each")
     args = ap.parse_args()
-    table, prompts = trace(args.prompt_set, args.new)
+    from dspark_trt.spec_decode.costs import CostTable
+
+    try:
+        prices = [float(x) for x in args.draft_price.split(",") if x]
+    except ValueError:
+        prices = []
+    if not prices or min(prices) < 0:
+        raise SystemExit(f"--draft-price: a comma list of numbers ≥ 0, got {args.draft_price!r}")
+    if args.trace is not None:
+        saved = json.loads(args.trace.read_text())
+        table, prompts = CostTable.from_dict(saved["table"]), saved["prompts"]
+        print(f"rounds traced earlier: {args.trace}\n")
+    else:
+        table, prompts = trace(args.prompt_set, args.new)
+        print(f"prompt set {args.prompt_set}, {args.new} tokens each, engine {native.engine()} "
+              f"({native.cpu_model()})\n")
     if args.json is not None:
         args.json.write_text(json.dumps({"table": table.to_json(), "prompts": prompts}))
-    print(f"prompt set {args.prompt_set}, {args.new} tokens each, engine {native.engine()} "
-          f"({native.cpu_model()})\n")
-    print(evaluate(table, prompts))
+    for price in prices:
+        print(evaluate(table, prompts, price) + "\n")
 
 
 if __name__ == "__main__":

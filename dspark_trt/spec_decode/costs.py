@@ -25,6 +25,7 @@ import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from dspark_trt.errors import InvalidArgumentError
 
@@ -104,6 +105,11 @@ class CostTable:
         except (OSError, json.JSONDecodeError) as exc:
             raise InvalidArgumentError(f"cannot read cost table {path}: {exc}; pass a JSON file with "
                                        f'{{"tokens": [...], "seconds": [...]}} or {{"t0": .., "t1": ..}}') from exc
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CostTable":
+        """The table `to_json` wrote (or the {"t0", "t1"} linear form), already parsed."""
         draft, ctx = data.get("draft", {}), data.get("context", {})
         d0, d1, ds = float(draft.get("t0", 0.0)), float(draft.get("t1", 0.0)), float(draft.get("sampled_t1", 0.0))
         context = {"context": int(ctx.get("tokens", 0)), "ctx_t0": float(ctx.get("t0", 0.0)),
