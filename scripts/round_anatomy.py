@@ -4,11 +4,12 @@ never a test.
 
 Rows (the engines `dspark-trt bench` runs, built the same way): ours plain, DSpark alone (survival), fixed K = 3,
 the suffix alone, DSpark + suffix (the default proposers) and DSpark + suffix with a useless drafter, interleaved per
-prompt in a rotated order, greedy, EOS ignored, `--new` tokens a run (a 1-token run subtracted). Per row: decode tok/s
-(median over runs, and all tokens over all seconds), tokens a round (τ without the prefill), and a round's seconds
-split into the target pass (`backend.verify`: 1 + K tokens), the drafter pass (`backend.draft`, its backlog flush
-included) and the rest — the loop's own work (acceptance, commit, the suffix lookup, the scheduler, calibration,
-stats). Every row's output is checked against plain's. Prints a markdown table stamped with the CPU and engine.
+prompt in a rotated order, greedy, EOS ignored (`--stop-at-eos`: answers end at EOS, as requests do), `--new` tokens
+a run (a 1-token run subtracted). Per row: decode tok/s (median over runs, and all tokens over all seconds), tokens
+a round (τ without the prefill), and a round's seconds split into the target pass (`backend.verify`: 1 + K tokens),
+the drafter pass (`backend.draft`, its backlog flush included) and the rest — the loop's own work (acceptance,
+commit, the suffix lookup, the scheduler, calibration, stats). Every row's output is checked against plain's.
+Prints a markdown table stamped with the CPU and engine.
 
     .venv/bin/python scripts/round_anatomy.py [--prompt-set held-out] [--new 96] [--reps 2] [--rows plain,dspark,...]
 """
@@ -29,8 +30,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROWS = ("plain", "dspark", "fixed3", "suffix", "hybrid", "hybrid-useless")
 
 
-def engines(names: list[str], prompt_set: str, new: int) -> tuple[dict[str, Any], list[list[int]]]:
-    """name → SpeculativeDecodingEngine (EOS ignored), and the prompts' ids (chat template where the set says so)."""
+def engines(names: list[str], prompt_set: str, new: int, stop_at_eos: bool = False
+            ) -> tuple[dict[str, Any], list[list[int]]]:
+    """name → SpeculativeDecodingEngine (EOS ignored unless stop_at_eos), and the prompts' ids (chat template where
+    the set says so)."""
     import torch
 
     from dspark_trt.commands.bench import load_prompts, useless_drafter
@@ -67,7 +70,8 @@ def engines(names: list[str], prompt_set: str, new: int) -> tuple[dict[str, Any]
     out = {}
     for name in names:
         out[name] = make[name]()
-        out[name].eos_ids = ()
+        if not stop_at_eos:
+            out[name].eos_ids = ()
     return out, ids
 
 
@@ -78,6 +82,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2, help="interleaved rounds over the prompts")
     ap.add_argument("--rows", default=",".join(ROWS), help=f"comma list of {', '.join(ROWS)}")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--stop-at-eos", action="store_true", help="answers end at EOS as requests do (--new: the most)")
     a = ap.parse_args()
     import torch
 
@@ -88,7 +93,7 @@ def main() -> None:
     if bad or "plain" not in names:
         raise SystemExit(f"--rows: unknown {bad} (plain is required: the reference); valid: {', '.join(ROWS)}")
     torch.set_num_threads(a.threads)
-    engs, ids = engines(names, a.prompt_set, a.new)
+    engs, ids = engines(names, a.prompt_set, a.new, a.stop_at_eos)
     sums: dict[str, dict[str, float]] = {n: defaultdict(float) for n in engs}
     rates: dict[str, list[float]] = {n: [] for n in engs}
     wrong: dict[str, int] = {n: 0 for n in engs}
@@ -117,15 +122,18 @@ def main() -> None:
             wrong.update({n: wrong[n] + (answers[n] != answers["plain"]) for n in names})
     base = statistics.median(rates["plain"])
     print(f"{native.cpu_model()}, engine {native.engine()}, torch threads {a.threads}; prompt set {a.prompt_set}, "
-          f"{len(ids)} prompts × {a.new} tokens × {a.reps} reps, interleaved\n")
-    print("| row | decode tok/s (median) | × plain | tokens a round | target pass ms | drafter ms a round "
-          "(passes) | loop's own work ms a round | output = plain |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"{len(ids)} prompts × {a.new} tokens{' (at most: answers end at EOS)' if a.stop_at_eos else ''} × "
+          f"{a.reps} reps, interleaved\n")
+    pooled = sums["plain"]["tokens"] / max(sums["plain"]["wall"], 1e-9)
+    print("| row | decode tok/s (median) | × plain | all tokens / all seconds, × plain | tokens a round | target pass ms "
+          "| drafter ms a round (passes) | loop's own work ms a round | output = plain |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for n in names:
         s, r = sums[n], max(sums[n]["rounds"], 1.0)
         rest = (s["wall"] - s["verify"] - s["draft"]) / r
         med = statistics.median(rates[n])
-        print(f"| {n} | {med:.1f} | {med / base:.2f}× | {s['tokens'] / r:.3f} | {1e3 * s['verify'] / r:.2f} | "
+        print(f"| {n} | {med:.1f} | {med / base:.2f}× | {s['tokens'] / max(s['wall'], 1e-9) / pooled:.2f}× | "
+              f"{s['tokens'] / r:.3f} | {1e3 * s['verify'] / r:.2f} | "
               f"{1e3 * s['draft'] / r:.2f} ({int(s['passes'])}) | {1e3 * rest:.2f} | "
               f"{'yes' if not wrong[n] else f'NO ({wrong[n]} runs)'} |")
 

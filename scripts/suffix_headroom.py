@@ -6,7 +6,7 @@ For each prompt: the target's greedy answer (plain decoding, `--new` tokens, EOS
 does; `--eos-cut` also reports each answer cut at its first EOS). Then rounds are replayed at fixed K = cap (the
 proposal verified whole): the round keeps the agreeing prefix plus one target token. Choices, over the
 occurrences in prompt + committed tokens of the longest suffix (≤ 8 tokens) of the committed sequence:
-- product: this package's `spec_decode.suffix.SuffixProposer` (own tokens only; the latest occurrence);
+- product: this package's `spec_decode.suffix.SuffixProposer` (own tokens only; the most frequent continuation);
 - first: the earliest occurrence; vote: the latest occurrence whose next token is the most frequent next token;
 - best-of-longest (oracle): the occurrence that would be accepted furthest — no real proposer can know it;
 - any-substring (oracle): the longest run of the true continuation found anywhere in the context — an upper
@@ -18,10 +18,8 @@ occurrences in prompt + committed tokens of the longest suffix (≤ 8 tokens) of
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from collections import Counter
-from pathlib import Path
 from typing import Callable, Sequence
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -93,7 +91,8 @@ def choosers() -> dict[str, Chooser]:
                 return n
         return 0
 
-    return {"product (latest occurrence)": product, "first occurrence": pick("first"), "vote": pick("vote"),
+    return {"product (the most frequent continuation)": product, "first occurrence": pick("first"),
+            "vote": pick("vote"),
             "best of the longest match's occurrences (oracle)": pick("best"),
             "any substring of the context (oracle)": any_substring}
 
@@ -101,7 +100,7 @@ def choosers() -> dict[str, Chooser]:
 def main() -> None:
     import torch
 
-    from dspark_trt.commands.bench import PROMPT_SETS
+    from dspark_trt.commands.bench import PROMPT_SETS, load_prompts
     from dspark_trt.engine import build_backend, to_runtime_model
     from dspark_trt.runtime import native
     from dspark_trt.runtime.default_model import default_target_dir
@@ -110,23 +109,19 @@ def main() -> None:
     from dspark_trt.spec_decode.scheduler import PolicyConfig
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--prompt-set", choices=[p for p in PROMPT_SETS if p != "held-out"], default="code-edit")
+    ap.add_argument("--prompt-set", choices=PROMPT_SETS, default="code-edit")
     ap.add_argument("--new", type=int, default=160, help="greedy answer tokens per prompt")
     ap.add_argument("--cap", type=int, default=7, help="tokens proposed (and verified) per round")
     args = ap.parse_args()
-    files = {"code-edit": ["code_edit.jsonl"], "text": ["text.jsonl"], "all": ["code_edit.jsonl", "text.jsonl"]}
-    root = Path(__file__).resolve().parents[1] / "dspark_trt" / "assets" / "prompts"
     td = default_target_dir()
     tok = load_tokenizer(td)
     be = build_backend(to_runtime_model(td, torch.bfloat16), None, 1, 2048)
     pairs = []
-    for name in files[args.prompt_set]:
-        for line in (root / name).read_text().splitlines():
-            d = json.loads(line)
-            text = (tok.apply_chat_template([{"role": "user", "content": d["prompt"]}], add_generation_prompt=True,
-                                            tokenize=False) if d.get("chat", True) else d["prompt"])
-            ids = tok.encode(text)
-            pairs.append((list(ids), generate(be, ids, args.new, policy=PolicyConfig(policy="plain")).tokens))
+    for p in load_prompts(None, args.prompt_set):
+        text = (tok.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True,
+                                        tokenize=False) if p.chat else p.text)
+        ids = tok.encode(text)
+        pairs.append((list(ids), generate(be, ids, args.new, policy=PolicyConfig(policy="plain")).tokens))
     eos = set(int(e) for e in ([tok.eos_token_id] if tok.eos_token_id is not None else []))
     cut = [(p, o[:next((i + 1 for i, x in enumerate(o) if x in eos), len(o))]) for p, o in pairs]
     print(f"{len(pairs)} prompts ({args.prompt_set}), {args.new} greedy tokens each, cap {args.cap}; engine "

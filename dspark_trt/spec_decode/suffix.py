@@ -3,9 +3,10 @@
 Owns (pure Python, no torch, no models):
 - `SuffixConfig` (frozen): match orders, the cross-request index's bounds, the confidence prior.
 - `SequenceIndex`: one request's own n-gram index over its prompt + committed output. For every n-gram of order
-  min_match..max_match it keeps the end of its latest occurrence that has a continuation, so a lookup of the last
-  n tokens is one dict probe per order (longest first). Memory: at most (max_match − min_match + 1) × length
-  entries per request, freed when the request ends (`SuffixProposer.release`).
+  min_match..max_match it counts the tokens that followed it (with the end of each one's latest occurrence), so a
+  lookup of the last n tokens is one dict probe per order (longest first) and proposes the most frequent
+  continuation. Memory: at most (max_match − min_match + 1) × length entries per request, freed when the request
+  ends (`SuffixProposer.release`).
 - `SuffixIndex`: a bounded cross-request index of recent outputs: a ring buffer of `ring_tokens` tokens (finished
   requests' outputs, each preceded by its prompt's last max_match tokens) and an LRU dict (hash of an n-gram →
   ring position after it) of at most `max_entries` entries; the oldest entries are evicted first and entries that
@@ -109,30 +110,39 @@ def _continue(seq: Sequence[int], end: int, cap: int) -> list[int]:
 
 
 class SequenceIndex:
-    """One request's own n-gram index (prompt + committed output): n-gram → end of its latest occurrence that has
-    a continuation token."""
+    """One request's own n-gram index (prompt + committed output): n-gram → for each token that followed it, how
+    often, where first and where last. A match continues with the n-gram's most frequent next token (the first seen
+    on ties: in an edit, the prompt's), from that token's latest occurrence: in a rewrite of its prompt a request's short matches recur
+    with several continuations, and the usual one is the one to copy (code edits: τ 1.89 → 2.00 at K = 7,
+    scripts/suffix_headroom.py, docs/ARCHITECTURE.md)."""
 
     def __init__(self, config: SuffixConfig) -> None:
         self.config = config
         self.tokens: list[int] = []
-        self._ends: dict[tuple[int, ...], int] = {}
+        self._next: dict[tuple[int, ...], dict[int, list[int]]] = {}  # n-gram → {next: [count, −first, latest end]}
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     @property
     def entries(self) -> int:
-        return len(self._ends)
+        return len(self._next)
 
     def extend(self, new: Sequence[int]) -> None:
         """Append committed tokens; the n-grams ending just before each new token become lookup-able."""
         lo, hi = self.config.min_match, self.config.max_match
-        seq = self.tokens
+        seq, table = self.tokens, self._next
         for tok in new:
-            i = len(seq)  # the new token's index: n-grams ending at i − 1 now have a continuation
+            i, nxt = len(seq), int(tok)  # the new token's index: n-grams ending at i − 1 now continue with it
             for n in range(lo, min(hi, i) + 1):
-                self._ends[tuple(seq[i - n:i])] = i
-            seq.append(int(tok))
+                follow = table.setdefault(tuple(seq[i - n:i]), {})
+                seen = follow.get(nxt)
+                if seen is None:
+                    follow[nxt] = [1, -i, i]
+                else:
+                    seen[0] += 1
+                    seen[2] = i
+            seq.append(nxt)
 
     def match(self, cap: int) -> tuple[list[int], int] | None:
         """(up to cap continuation tokens, match length) of the longest indexed suffix, or None."""
@@ -140,9 +150,9 @@ class SequenceIndex:
         for n in self.config.orders:
             if n > len(seq) - 1:
                 continue
-            end = self._ends.get(tuple(seq[-n:]))
-            if end is not None:
-                return _continue(seq, end, cap), n
+            follow = self._next.get(tuple(seq[-n:]))
+            if follow:
+                return _continue(seq, max(follow.values())[2], cap), n  # most frequent, the first seen on ties
         return None
 
 

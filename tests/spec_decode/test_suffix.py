@@ -23,7 +23,7 @@ HYBRID = ("dspark", "suffix")
 
 
 # ---- the index ------------------------------------------------------------------------------------------
-def test_own_index_finds_the_longest_latest_match() -> None:
+def test_own_index_finds_the_longest_match() -> None:
     idx = SequenceIndex(SuffixConfig(min_match=2, max_match=4))
     idx.extend([1, 2, 3, 9, 5, 2, 3, 7, 8, 1, 2, 3])
     toks, n = idx.match(3)  # type: ignore[misc]
@@ -37,6 +37,18 @@ def test_own_index_finds_the_longest_latest_match() -> None:
     idx3.extend([1, 2, 3, 4])
     assert idx3.match(4) is None  # nothing repeats
     assert idx.entries <= 3 * len(idx)  # ≤ (max − min + 1) entries per token
+
+
+def test_own_index_continues_the_most_frequent_next_token_the_first_seen_on_ties() -> None:
+    cfg = SuffixConfig(min_match=2, max_match=2)
+    idx = SequenceIndex(cfg)
+    idx.extend([1, 2, 7, 0, 1, 2, 7, 5, 1, 2, 8, 6, 1, 2])  # [1, 2] → 7 twice, then 8 once (the latest)
+    assert idx.match(3) == ([7, 5, 1], 2)  # the usual continuation, from its latest occurrence
+    tie = SequenceIndex(cfg)
+    tie.extend([1, 2, 7, 0, 1, 2, 8, 6, 1, 2])  # [1, 2] → 7 once, 8 once
+    assert tie.match(3) == ([7, 0, 1], 2)  # a tie: the first seen (in an edit, the prompt's own text)
+    tie.extend([8, 3, 1, 2])  # 8 now leads 2 : 1
+    assert tie.match(2) == ([8, 3], 2)
 
 
 def test_cross_index_is_bounded_evicts_oldest_and_drops_overwritten_tokens() -> None:
