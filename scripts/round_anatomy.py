@@ -3,13 +3,13 @@
 never a test.
 
 Rows (the engines `dspark-trt bench` runs, built the same way): ours plain, DSpark alone (survival), fixed K = 3,
-the suffix alone, DSpark + suffix (the default proposers) and DSpark + suffix with a useless drafter, interleaved per
-prompt in a rotated order, greedy, EOS ignored (`--stop-at-eos`: answers end at EOS, as requests do), `--new` tokens
-a run (a 1-token run subtracted). Per row: decode tok/s (median over runs, and all tokens over all seconds), tokens
-a round (τ without the prefill), and a round's seconds split into the target pass (`backend.verify`: 1 + K tokens),
-the drafter pass (`backend.draft`, its backlog flush included) and the rest — the loop's own work (acceptance,
-commit, the suffix lookup, the scheduler, calibration, stats). Every row's output is checked against plain's.
-Prints a markdown table stamped with the CPU and engine.
+the suffix alone, DSpark + suffix (the default proposers), DSpark alone and DSpark + suffix with a useless drafter,
+interleaved per prompt in a rotated order, greedy, EOS ignored (`--stop-at-eos`: answers end at EOS, as requests
+do), `--new` tokens a run (a 1-token run subtracted). Per row: decode tok/s (median over runs, and all tokens over
+all seconds), tokens a round (τ without the prefill), and a round's seconds split into the target pass
+(`backend.verify`: 1 + K tokens), the drafter pass (`backend.draft`, its backlog flush included) and the rest — the
+loop's own work (acceptance, commit, the suffix lookup, the scheduler, calibration, stats). Every row's output is
+checked against plain's. Prints a markdown table stamped with the CPU and engine.
 
     .venv/bin/python scripts/round_anatomy.py [--prompt-set held-out] [--new 96] [--reps 2] [--rows plain,dspark,...]
 """
@@ -27,7 +27,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-ROWS = ("plain", "dspark", "fixed3", "suffix", "hybrid", "hybrid-useless")
+ROWS = ("plain", "dspark", "fixed3", "suffix", "hybrid", "useless", "hybrid-useless")
 
 
 def engines(names: list[str], prompt_set: str, new: int, stop_at_eos: bool = False
@@ -64,6 +64,7 @@ def engines(names: list[str], prompt_set: str, new: int, stop_at_eos: bool = Fal
         "fixed3": lambda: spec(drafter, "dspark", "fixed").with_policy(k=3),
         "suffix": lambda: spec(None, "suffix"),
         "hybrid": lambda: spec(drafter, "dspark,suffix"),
+        "useless": lambda: spec(useless_drafter(draft_dir, target, torch.bfloat16, Path(target_dir)), "dspark"),
         "hybrid-useless": lambda: spec(useless_drafter(draft_dir, target, torch.bfloat16, Path(target_dir)),
                                        "dspark,suffix"),
     }
@@ -125,8 +126,8 @@ def main() -> None:
           f"{len(ids)} prompts × {a.new} tokens{' (at most: answers end at EOS)' if a.stop_at_eos else ''} × "
           f"{a.reps} reps, interleaved\n")
     pooled = sums["plain"]["tokens"] / max(sums["plain"]["wall"], 1e-9)
-    print("| row | decode tok/s (median) | × plain | all tokens / all seconds, × plain | tokens a round | target pass ms "
-          "| drafter ms a round (passes) | loop's own work ms a round | output = plain |")
+    print("| row | decode tok/s (median) | × plain | pooled (all tokens / all s) × plain | tokens a round "
+          "| target pass ms | drafter ms a round (passes) | loop's own work ms a round | output = plain |")
     print("|---|---|---|---|---|---|---|---|---|")
     for n in names:
         s, r = sums[n], max(sums[n]["rounds"], 1.0)
