@@ -13,9 +13,10 @@ Owns (pure Python, no torch, no models):
   point at overwritten ring tokens are dropped on lookup. A hit is checked against the ring's own tokens, so a
   hash collision never proposes a wrong match. Bound: ring_tokens + max_entries integers (~7 MB at defaults).
 - `SuffixConfidence`: c_j, the probability that proposed token j is accepted given tokens 1..j−1 were, learned
-  online from the proposer's own verified rounds per (source own / cross, match length, depth j) as a Beta
-  posterior mean with forgetting (counts are halved past `horizon` observations), so the survival rule weighs a
-  suffix proposal like the DSpark head's calibrated c_k.
+  online from the proposer's own verified rounds per (source own / cross, match length — for an own match also how
+  its n-gram's earlier continuations voted, `own_class` — depth j) as a Beta posterior mean with forgetting (counts
+  are halved past `horizon` observations), so the survival rule weighs a suffix proposal like the DSpark head's
+  calibrated c_k.
 - the corpus (spec_decode.corpus.CorpusIndex, optional): a static index of the target's own answers to other
   prompts, asked when the own / cross match is shorter than `corpus_below` (2) tokens; its proposal then wins where
   its expected accepted tokens Σ_j Π c_i beat that match's.
@@ -43,7 +44,7 @@ from dspark_trt.spec_decode.corpus import CorpusIndex
 log = logging.getLogger(__name__)
 
 __all__ = ["SuffixConfig", "SuffixProposal", "SequenceIndex", "SuffixIndex", "SuffixConfidence", "SuffixProposer",
-           "corpus_class"]
+           "corpus_class", "own_class"]
 
 SOURCES = ("own", "cross", "corpus")
 
@@ -62,6 +63,8 @@ class SuffixConfig:
     horizon: float = 512.0  # a (source, length, depth) cell's counts are halved when they exceed this
     corpus_below: int = 2  # the corpus is asked only when the own / recent match is shorter than this: a request
     # repeating ≥ 2 of its own tokens continues as before more often than the corpus guesses (measured, docs/drafter.md)
+    support_classes: bool = True  # an own match's confidence class also says how its n-gram's earlier
+    # continuations voted (single / contested / unanimous ×2 / ×≥3): c_1 0.11–0.88 at one length (ARCHITECTURE.md)
     max_requests: int = 4096  # own indices kept at once (the oldest goes first: only a scheduler abandoned
     # mid-request leaves one behind, every finished or cancelled request releases its own)
 
@@ -112,9 +115,9 @@ def _continue(seq: Sequence[int], end: int, cap: int) -> list[int]:
 class SequenceIndex:
     """One request's own n-gram index (prompt + committed output): n-gram → for each token that followed it, how
     often, where first and where last. A match continues with the n-gram's most frequent next token (the first seen
-    on ties: in an edit, the prompt's), from that token's latest occurrence: in a rewrite of its prompt a request's short matches recur
-    with several continuations, and the usual one is the one to copy (code edits: τ 1.89 → 2.00 at K = 7,
-    scripts/suffix_headroom.py, docs/ARCHITECTURE.md)."""
+    on ties: in an edit, the prompt's), from that token's latest occurrence: in a rewrite of its prompt a request's
+    short matches recur with several continuations, and the usual one is the one to copy (code edits: τ 1.89 → 2.00
+    at K = 7, scripts/suffix_headroom.py, docs/ARCHITECTURE.md)."""
 
     def __init__(self, config: SuffixConfig) -> None:
         self.config = config
@@ -143,6 +146,15 @@ class SequenceIndex:
                     seen[0] += 1
                     seen[2] = i
             seq.append(nxt)
+
+    def support(self, n: int) -> int:
+        """How the continuations of the last n tokens voted: 0 one earlier occurrence, 1 contested (the winner short
+        of all), 2 unanimous over two, 3 unanimous over three or more (the class `own_class` folds in)."""
+        follow = self._next.get(tuple(self.tokens[-n:])) if 0 < n < len(self.tokens) else None
+        if not follow:
+            return 0
+        count, total = max(follow.values())[0], sum(v[0] for v in follow.values())
+        return 0 if total == 1 else 1 if count < total else 2 if total == 2 else 3
 
     def match(self, cap: int) -> tuple[list[int], int] | None:
         """(up to cap continuation tokens, match length) of the longest indexed suffix, or None."""
@@ -214,6 +226,12 @@ class SuffixIndex:
         return None
 
 
+def own_class(match_len: int, support: int, max_match: int) -> int:
+    """The confidence class of an own match: its length, plus max_match × its vote (SequenceIndex.support) — a
+    single earlier occurrence keeps the length-only class."""
+    return match_len + max_match * support
+
+
 CORPUS_CLASSES = 15  # corpus_class values: 3 match-length classes × 5 share classes
 
 
@@ -225,8 +243,9 @@ def corpus_class(match_len: int, share: float) -> int:
 
 @dataclass
 class SuffixConfidence:
-    """c_j by (source, class, depth j), learned online: (accepted + α) / (reached + α + β). The class of an own or
-    cross-request match is its length; of a corpus match, `corpus_class`."""
+    """c_j by (source, class, depth j), learned online: (accepted + α) / (reached + α + β). The class of a
+    cross-request match is its length; of an own match `own_class` (its length where config.support_classes is
+    off); of a corpus match, `corpus_class`."""
 
     config: SuffixConfig
     hits: dict[tuple[str, int, int], float] = field(default_factory=dict)
@@ -235,7 +254,7 @@ class SuffixConfidence:
 
     def _key(self, source: str, match_len: int, depth: int) -> tuple[str, int, int]:
         cfg = self.config
-        return source, match_len if source == "corpus" else min(match_len, cfg.max_match), min(depth, cfg.max_depth)
+        return source, match_len if source != "cross" else min(match_len, cfg.max_match), min(depth, cfg.max_depth)
 
     def conf(self, source: str, match_len: int, depth: int) -> float:
         """c_depth (depth 1 = the first proposed token)."""
@@ -324,8 +343,11 @@ class SuffixProposer:
         found = None
         if best is not None:
             tokens, n = best
-            found = SuffixProposal(tuple(tokens), tuple(self.confidence.conf(source, n, j)
-                                                        for j in range(1, len(tokens) + 1)), n, source)
+            cls = (own_class(n, idx.support(n), self.config.max_match)
+                   if source == "own" and self.config.support_classes else n)
+            found = SuffixProposal(tuple(tokens), tuple(self.confidence.conf(source, cls, j)
+                                                        for j in range(1, len(tokens) + 1)), n, source,
+                                   (cls,) * len(tokens) if cls != n else ())
         if (self.corpus is not None and (found is None or found.match_len < self.config.corpus_below)
                 and self.confidence.best_first("corpus") > min_first):
             cm = self.corpus.match(idx.tokens, cap)

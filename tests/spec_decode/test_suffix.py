@@ -16,7 +16,7 @@ from dspark_trt.spec_decode.proposers import assemble, rate, skip_drafter
 from dspark_trt.spec_decode.protocols import SamplingParams
 from dspark_trt.spec_decode.scheduler import CostTable, PolicyConfig, PolicyState
 from dspark_trt.spec_decode.suffix import (SequenceIndex, SuffixConfidence, SuffixConfig, SuffixIndex,
-                                           SuffixProposal, SuffixProposer)
+                                           SuffixProposal, SuffixProposer, own_class)
 
 TABLE = CostTable(tuple(range(1, 10)), tuple(1.0 + 0.05 * i for i in range(9)), draft_t0=0.2, draft_t1=0.0)
 HYBRID = ("dspark", "suffix")
@@ -49,6 +49,32 @@ def test_own_index_continues_the_most_frequent_next_token_the_first_seen_on_ties
     assert tie.match(3) == ([7, 0, 1], 2)  # a tie: the first seen (in an edit, the prompt's own text)
     tie.extend([8, 3, 1, 2])  # 8 now leads 2 : 1
     assert tie.match(2) == ([8, 3], 2)
+
+
+def test_own_match_confidence_class_says_how_its_continuations_voted() -> None:
+    cfg = SuffixConfig(min_match=2, max_match=2)
+    idx = SequenceIndex(cfg)
+    idx.extend([1, 2, 7, 1, 2])
+    assert idx.support(2) == 0  # one earlier occurrence
+    idx.extend([7, 1, 2])
+    assert idx.support(2) == 2  # unanimous over two
+    idx.extend([8, 1, 2])
+    assert idx.support(2) == 1  # contested: 7 twice, 8 once
+    uni = SequenceIndex(cfg)
+    uni.extend([1, 2, 5] * 3 + [1, 2])
+    assert uni.support(2) == 3 and uni.support(0) == 0  # unanimous over three; no suffix, no vote
+    assert own_class(2, 0, 8) == 2 and own_class(2, 3, 8) == 26  # a single occurrence keeps the length-only class
+    sp = SuffixProposer(cfg)
+    for _ in range(30):  # unanimous ×3 matches are always accepted, single-occurrence ones never
+        sp.observe(SuffixProposal((5,), (0.5,), 2, "own", (own_class(2, 3, 2),)), 1, 1)
+        sp.observe(SuffixProposal((5,), (0.5,), 2, "own"), 1, 0)
+    p = sp.propose("u", [1, 2, 5] * 3 + [1, 2], 1)
+    assert p is not None and p.classes == (own_class(2, 3, 2),) and p.conf[0] > 0.9
+    p = sp.propose("s", [1, 2, 5, 1, 2], 1)
+    assert p is not None and p.classes == () and p.conf[0] < 0.1  # its class is the match length, as before
+    off = SuffixProposer(SuffixConfig(min_match=2, max_match=2, support_classes=False))
+    p = off.propose("u", [1, 2, 5] * 3 + [1, 2], 1)
+    assert p is not None and p.classes == () and p.conf[0] == pytest.approx(0.5)
 
 
 def test_cross_index_is_bounded_evicts_oldest_and_drops_overwritten_tokens() -> None:
