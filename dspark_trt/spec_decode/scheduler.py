@@ -16,7 +16,9 @@ Policies:
   batch, by greedy admission of (request, position) pairs in descending a, stopping at the first drop; floor K = 0.
   Before drafting, `plan_drafting` weighs the drafter's own cost too: a request whose observed acceptance cannot
   pay for a drafter pass plus the extra verify tokens is not drafted (K = 0, drafter not run) for a backoff of
-  1, 2, 4, … rounds, then probed again — so a useless drafter costs little more than plain decoding. The gate has
+  1, 2, 4, … rounds, then probed again — so a useless drafter costs little more than plain decoding. Rows share
+  the drafter's pass: those that would not pay alone are opened where they pay together (one pass, its fixed
+  cost once: spec_decode.gain.joint_drafting_gain) or where the pass runs for other rows anyway. The gate has
   hysteresis: open, it closes when drafting promises < 1 − gate_hysteresis (default 0) of plain; closed, it
   reopens at ≥ 1 + gate_margin (a marginal drafter's noisy estimate would otherwise switch it on and off). A
   `GateMemory` carries the gate across requests (the observed survival and the backoff of one engine or server):
@@ -33,10 +35,12 @@ from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.confidence import (ConfidenceWeights, confidence_score, early_stop_k, ema_update,
                                                fallback_survival, round_signals, survival)
 from dspark_trt.spec_decode.costs import NO_PREFILL, CostTable, RoundLoad
+from dspark_trt.spec_decode.gain import drafting_gain, extended_survival, joint_drafting_gain
 from dspark_trt.spec_decode.policies import POLICIES, PROPOSERS, canonical_policy, parse_proposers
 
-__all__ = ["POLICIES", "PROPOSERS", "PolicyConfig", "PolicyState", "GateMemory", "CostTable", "RoundLoad", "plan_survival", "plan_drafting",
-           "drafting_gain", "extended_survival", "observe_survival", "schedule_batch", "confidence_next_k", "verify_cap"]
+__all__ = ["POLICIES", "PROPOSERS", "PolicyConfig", "PolicyState", "GateMemory", "CostTable", "RoundLoad",
+           "plan_survival", "plan_drafting", "drafting_gain", "joint_drafting_gain", "extended_survival",
+           "observe_survival", "schedule_batch", "confidence_next_k", "verify_cap"]
 
 
 @dataclass(frozen=True)
@@ -280,47 +284,6 @@ def _fold(est: list[float], k: int, accepted: int, w: float, model: Sequence[flo
             est.append(hit)
 
 
-def drafting_gain(est: Sequence[float], cap: int, rows: int, table: CostTable,
-                  load: RoundLoad = NO_PREFILL, sampled: bool = False, context: int | None = None) -> float:
-    """Best relative throughput of drafting one more row of a `rows`-row round over leaving it plain:
-    max_K (rows + Σ_{j≤K} a_j) / (step(rows) + Σ_{i<K} marginal(rows + i) + K·tok + x + draft(1) + dx) ÷
-    (rows / (step(rows) + x)) (marginal: costs.CostTable.marginal_seconds under this round's `load`; without a fused
-    prefill the verify term is step(rows + K)), a = observed survival made non-increasing, extended geometrically (the
-    last observed ratio a_j / a_{j-1}, or a_1) to positions the policy has not verified yet — else a drafter whose
-    rounds chose small K could never show that larger K pays; 0 when nothing can be verified. sampled: the row
-    samples (its drafting costs table.sampled_t1 more); context: its cached tokens — x = its anchor's attention past
-    the profiled context, tok = each verify token's, dx = its drafter row's (CostTable.row_seconds, token_seconds,
-    draft_row_seconds): a long context makes its verify tokens and its drafter row dearer."""
-    a = extended_survival(est, cap)
-    if not a:
-        return 0.0
-    x, tok = table.row_seconds(context), table.token_seconds(context)
-    base = rows / (table.step_seconds(rows) + x)
-    fixed = x + table.draft_seconds(1, int(sampled)) + table.draft_row_seconds(context)
-    best, gained, verify = 0.0, 0.0, table.step_seconds(rows)
-    for K, aj in enumerate(a, start=1):
-        gained += aj
-        verify = table.step_seconds(rows + K) if load.offset == 0 else verify + table.marginal_seconds(rows + K - 1,
-                                                                                                       load)
-        best = max(best, (rows + gained) / (verify + K * tok + fixed) / base)
-    return best
-
-
-def extended_survival(est: Sequence[float], cap: int) -> list[float]:
-    """Observed survival est made non-increasing and extended geometrically to cap positions (the last observed
-    ratio a_j / a_{j-1}, or a_1), cut where it falls under 1e-3; [] when nothing was observed."""
-    a, run = [], 1.0
-    for x in list(est)[:cap]:
-        run = min(run, float(x))
-        a.append(run)
-    if not a:
-        return a
-    ratio = a[-1] / a[-2] if len(a) >= 2 and a[-2] > 0 else a[0]
-    while len(a) < cap and a[-1] > 1e-3:
-        a.append(a[-1] * ratio)
-    return a
-
-
 def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], caps: Sequence[int],
                   table: CostTable, memory: GateMemory | None = None, load: RoundLoad = NO_PREFILL,
                   sampled: Sequence[bool] | None = None, contexts: Sequence[int] | None = None) -> list[int]:
@@ -342,6 +305,7 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
     out = [max(0, int(c)) for c in caps]
     rows = len(out)
     hopeless: dict[int, bool] = {}  # cap → even a drafter whose every token is accepted cannot pay in this round
+    deferred: list[int] = []  # rows whose drafting does not pay alone (_share_the_pass decides them)
     now = -1
     if memory is not None:
         memory.rounds += 1
@@ -386,14 +350,62 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
                 1.0 - cfg.gate_hysteresis if st.backoff == 1 else 1.0 + cfg.gate_margin):
             st.backoff = 1  # open: stays open until drafting clearly loses (acceptance comes in bursts)
         else:
-            out[r] = 0
-            st.skip_left, st.closed_at = st.backoff - 1, now
-            st.probe = st.skip_left == 0
-            st.backoff = min(2 * st.backoff, cfg.max_backoff)
-        if memory is not None:
-            mem = memory.of(cfg.proposers)
-            mem.backoff, mem.skip_left, mem.probe, mem.closed_at = st.backoff, st.skip_left, st.probe, st.closed_at
+            deferred.append(r)  # does not pay alone: decided below, where rows may share one drafter pass
+            continue
+        _remember(memory, cfg, st)
+    for r in _share_the_pass(deferred, out, cfgs, states, table, load, sampled, contexts):
+        cfg, st = cfgs[r], states[r]
+        out[r] = 0
+        st.skip_left, st.closed_at = st.backoff - 1, now
+        st.probe = st.skip_left == 0
+        st.backoff = min(2 * st.backoff, cfg.max_backoff)
+    for r in deferred:
+        _remember(memory, cfgs[r], states[r])
     return out
+
+
+def _remember(memory: GateMemory | None, cfg: PolicyConfig, st: PolicyState) -> None:
+    if memory is not None:  # the next request of this proposer set continues the row's gate
+        mem = memory.of(cfg.proposers)
+        mem.backoff, mem.skip_left, mem.probe, mem.closed_at = st.backoff, st.skip_left, st.probe, st.closed_at
+
+
+def _share_the_pass(deferred: list[int], out: list[int], cfgs: Sequence[PolicyConfig],
+                    states: Sequence[PolicyState], table: CostTable, load: RoundLoad,
+                    sampled: Sequence[bool] | None, contexts: Sequence[int] | None) -> list[int]:
+    """plan_drafting's rows whose drafting does not pay alone: open (backoff 1) the best-rated of them where they pay
+    together (joint_drafting_gain: one pass, draft_t0 once) or, where the pass runs for other rows anyway, each
+    that pays for its row of it (drafting_gain, pass_paid); → the rows to close."""
+    rows, busy = len(out), set(deferred)
+
+    def ctx(r: int) -> int | None:
+        return contexts[r] if contexts is not None else None
+
+    def smp(r: int) -> bool:
+        return bool(sampled[r]) if sampled else False
+
+    def bar(r: int) -> float:
+        return 1.0 - cfgs[r].gate_hysteresis if states[r].backoff == 1 else 1.0 + cfgs[r].gate_margin
+
+    opened: set[int] = set()
+    runs = any(out[i] > 0 for i in range(rows) if i not in busy)
+    if not runs and len(deferred) > 1:
+        order = sorted(deferred, key=lambda r: -(states[r].survival_est[:1] or [0.0])[0])
+        best_n, best = 0, 0.0
+        for n in range(2, len(order) + 1):
+            top = order[:n]
+            g = joint_drafting_gain([states[r].survival_est for r in top], [out[r] for r in top], rows, table, load,
+                                    [smp(r) for r in top], [ctx(r) for r in top])
+            if g >= max(bar(r) for r in top) and g > best:
+                best_n, best = n, g
+        opened, runs = set(order[:best_n]), best_n > 0
+    for r in deferred:
+        if r not in opened and runs and drafting_gain(states[r].survival_est, out[r], rows, table, load, smp(r),
+                                                      ctx(r), pass_paid=True) >= bar(r):
+            opened.add(r)
+    for r in opened:
+        states[r].backoff = 1
+    return [r for r in deferred if r not in opened]
 
 
 _NO_DRAFT = torch.zeros(0)  # [0]: the survival of a row with nothing to verify

@@ -11,8 +11,8 @@ import torch
 from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.loop import LoopConfig, generate
 from dspark_trt.spec_decode.protocols import DraftBlock
-from dspark_trt.spec_decode.scheduler import (CostTable, GateMemory, PolicyConfig, PolicyState, drafting_gain, observe,
-                                              observe_survival, plan_drafting)
+from dspark_trt.spec_decode.scheduler import (CostTable, GateMemory, PolicyConfig, PolicyState, drafting_gain,
+                                              joint_drafting_gain, observe, observe_survival, plan_drafting)
 
 # verify of 1..9 tokens: 1.00 1.05 … 1.40 (relative), drafter pass 0.2 of a step: a CPU-like profile
 TABLE = CostTable(tuple(range(1, 10)), tuple(1.0 + 0.05 * i for i in range(9)), draft_t0=0.2, draft_t1=0.0)
@@ -358,3 +358,35 @@ def test_a_stream_probes_once_a_spell_not_once_per_request() -> None:
     alone = drafted_rows(None)  # no memory: each request its own schedule (1 + log2(64) + 1000/65 probes, twice)
     shared = drafted_rows(GateMemory())  # at the longest spell one probe per 65 rounds for both (ones at the start)
     assert alone >= 40 and shared <= alone * 2 // 3, (alone, shared)
+
+
+# verify of 1..16 tokens: +2% a token; a drafter pass 0.3 of a step plus 0.02 a row (its weights read once a pass)
+SHARED = CostTable(tuple(range(1, 17)), tuple(1.0 + 0.02 * i for i in range(16)), draft_t0=0.3, draft_t1=0.02)
+MARGINAL = [0.45, 0.2, 0.09]  # the shipped drafter's loop acceptance: does not pay a whole pass alone here
+
+
+def _states(cfg: PolicyConfig, *ests: list[float]) -> list[PolicyState]:
+    sts = [PolicyState.initial(cfg) for _ in ests]
+    for st, est in zip(sts, ests):
+        st.survival_est, st.probe, st.backoff = list(est), False, 1
+    return sts
+
+
+def test_rows_that_do_not_pay_alone_share_one_drafter_pass() -> None:
+    cfg = PolicyConfig(policy="survival")
+    assert drafting_gain(MARGINAL, 3, 2, SHARED) < 1.0 < joint_drafting_gain([MARGINAL] * 2, [3, 3], 2, SHARED)
+    plain = PolicyConfig(policy="plain")
+    alone = _states(cfg, MARGINAL) + [PolicyState.initial(plain)]
+    assert plan_drafting([cfg, plain], alone, [3, 0], SHARED) == [0, 0]  # beside a plain row: it pays no pass alone
+    both = _states(cfg, MARGINAL, MARGINAL)
+    assert plan_drafting([cfg] * 2, both, [3, 3], SHARED) == [3, 3]  # together: one pass pays for both
+    assert all(st.backoff == 1 and st.skip_left == 0 for st in both)
+    useless = _states(cfg, [0.02], [0.02])
+    assert plan_drafting([cfg] * 2, useless, [3, 3], SHARED) == [0, 0]  # together or not, nothing pays
+    assert all(st.backoff == 2 for st in useless)  # closed: the backoff doubles as before
+    # a row already drafting pays the pass's fixed cost: a marginal row beside it pays only for its own row
+    assert drafting_gain(MARGINAL, 3, 2, SHARED, pass_paid=True) > 1.0
+    assert plan_drafting([cfg] * 2, _states(cfg, [0.9, 0.8, 0.7], MARGINAL), [3, 3], SHARED) == [3, 3]
+    # three rows: the best-rated pair opens where it pays and the third stays closed if it cannot pay its row
+    three = _states(cfg, MARGINAL, MARGINAL, [0.01])
+    assert plan_drafting([cfg] * 3, three, [3, 3, 3], SHARED) == [3, 3, 0]
