@@ -47,7 +47,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64, help="tokens generated per request")
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (median)")
     ap.add_argument("--rows", default="plain,survival,hybrid,fixed3",
-                    help="rows to run (comma list of plain, survival, hybrid, suffix, nogate, fixed1/2/3/5/7)")
+                    help="rows to run (comma list of plain, survival, hybrid, suffix, nogate, solo, fixed1/2/3/5/7)")
     args = ap.parse_args()
     td = default_target_dir()
     tok = load_tokenizer(td)
@@ -62,6 +62,7 @@ def main() -> None:
                 "hybrid": PolicyConfig(proposers=("dspark", "suffix")),
                 "suffix": PolicyConfig(proposers=("suffix",)),
                 "nogate": PolicyConfig(gate=False),  # survival with the drafting gate off (always drafts)
+                "solo": PolicyConfig(share_pass=False),  # survival, each row pricing a whole drafter pass
                 **{f"fixed{k}": PolicyConfig(policy="fixed", k=k) for k in (1, 2, 3, 5, 7)}}
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     info = native.cpu_summary()

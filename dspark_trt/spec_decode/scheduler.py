@@ -60,6 +60,7 @@ class PolicyConfig:
     gate_hysteresis: float = 0.0  # survival gate: an open gate closes when drafting promises < 1 − this
     max_backoff: int = 64  # survival gate: the longest run of undrafted rounds between probes
     probe_k: int = 2  # survival gate: the most a probe after a closed spell verifies (it only re-measures a_1, a_2)
+    share_pass: bool = True  # survival gate: rows that would not pay a drafter pass alone may share one
     proposers: tuple[str, ...] = ("dspark",)  # who may propose drafts: "dspark" (the drafter's block), "suffix"
     # (spec_decode.suffix: a match in the request's own tokens / recent outputs); both: chosen per row per round
 
@@ -349,19 +350,25 @@ def plan_drafting(cfgs: Sequence[PolicyConfig], states: Sequence[PolicyState], c
         elif drafting_gain(st.survival_est, out[r], rows, table, load, samples, ctx) >= (
                 1.0 - cfg.gate_hysteresis if st.backoff == 1 else 1.0 + cfg.gate_margin):
             st.backoff = 1  # open: stays open until drafting clearly loses (acceptance comes in bursts)
-        else:
+        elif cfg.share_pass:
             deferred.append(r)  # does not pay alone: decided below, where rows may share one drafter pass
             continue
+        else:
+            _close(out, r, cfg, st, now)
         _remember(memory, cfg, st)
     for r in _share_the_pass(deferred, out, cfgs, states, table, load, sampled, contexts):
-        cfg, st = cfgs[r], states[r]
-        out[r] = 0
-        st.skip_left, st.closed_at = st.backoff - 1, now
-        st.probe = st.skip_left == 0
-        st.backoff = min(2 * st.backoff, cfg.max_backoff)
+        _close(out, r, cfgs[r], states[r], now)
     for r in deferred:
         _remember(memory, cfgs[r], states[r])
     return out
+
+
+def _close(out: list[int], r: int, cfg: PolicyConfig, st: PolicyState, now: int) -> None:
+    """Leave row r undrafted for a spell of backoff − 1 more rounds, and double its next backoff."""
+    out[r] = 0
+    st.skip_left, st.closed_at = st.backoff - 1, now
+    st.probe = st.skip_left == 0
+    st.backoff = min(2 * st.backoff, cfg.max_backoff)
 
 
 def _remember(memory: GateMemory | None, cfg: PolicyConfig, st: PolicyState) -> None:
