@@ -381,6 +381,8 @@ def test_rows_that_do_not_pay_alone_share_one_drafter_pass() -> None:
     both = _states(cfg, MARGINAL, MARGINAL)
     assert plan_drafting([cfg] * 2, both, [3, 3], SHARED) == [3, 3]  # together: one pass pays for both
     assert all(st.backoff == 1 and st.skip_left == 0 for st in both)
+    solo = PolicyConfig(policy="survival", share_pass=False)
+    assert plan_drafting([solo] * 2, _states(solo, MARGINAL, MARGINAL), [3, 3], SHARED) == [0, 0]  # as before
     useless = _states(cfg, [0.02], [0.02])
     assert plan_drafting([cfg] * 2, useless, [3, 3], SHARED) == [0, 0]  # together or not, nothing pays
     assert all(st.backoff == 2 for st in useless)  # closed: the backoff doubles as before
