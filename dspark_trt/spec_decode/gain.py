@@ -27,30 +27,18 @@ def drafting_gain(est: Sequence[float], cap: int, rows: int, table: CostTable,
     the profiled context, tok = each verify token's, dx = its drafter row's (CostTable.row_seconds, token_seconds,
     draft_row_seconds): a long context makes its verify tokens and its drafter row dearer. pass_paid: the drafter
     pass runs this round for other rows anyway, so this row adds only its row to it (draft(1) − draft_t0)."""
-    a = extended_survival(est, cap)
-    if not a:
-        return 0.0
-    x, tok = table.row_seconds(context), table.token_seconds(context)
-    base = rows / (table.step_seconds(rows) + x)
-    fixed = x + table.draft_seconds(1, int(sampled)) - (table.draft_t0 if pass_paid else 0.0) + \
-        table.draft_row_seconds(context)
-    best, gained, verify = 0.0, 0.0, table.step_seconds(rows)
-    for K, aj in enumerate(a, start=1):
-        gained += aj
-        verify = table.step_seconds(rows + K) if load.offset == 0 else verify + table.marginal_seconds(rows + K - 1,
-                                                                                                       load)
-        best = max(best, (rows + gained) / (verify + K * tok + fixed) / base)
-    return best
+    return joint_drafting_gain([est], [cap], rows, table, load, [sampled], [context], pass_paid)
 
 
 def joint_drafting_gain(ests: Sequence[Sequence[float]], caps: Sequence[int], rows: int, table: CostTable,
                         load: RoundLoad = NO_PREFILL, sampled: Sequence[bool] = (),
-                        contexts: Sequence[int | None] = ()) -> float:
+                        contexts: Sequence[int | None] = (), pass_paid: bool = False) -> float:
     """drafting_gain for n rows drafted together in a `rows`-row round that drafts nothing else: one drafter pass
     over the n rows (draft_t0 paid once) and a common K ≤ min(caps) each — max_K (rows + Σ_r Σ_{j≤K} a_rj) /
     (step(rows + n·K) + Σ_r (x_r + K·tok_r + dx_r) + draft(n, sampled)) ÷ (rows / (step(rows) + Σ_r x_r)). Rows
     whose drafter pass alone would not pay may pay together: on a 2-core Zen 4, two requests each closed their gate
-    (0.99× plain) where drafting both at K = 3 decoded 1.09× plain."""
+    (0.99× plain) where drafting both at K = 3 decoded 1.09× plain. pass_paid: the pass runs anyway (draft_t0 not
+    charged). One row is drafting_gain."""
     n = len(ests)
     ctx = list(contexts) or [None] * n
     a = [extended_survival(e, c) for e, c in zip(ests, caps)]
@@ -60,7 +48,8 @@ def joint_drafting_gain(ests: Sequence[Sequence[float]], caps: Sequence[int], ro
     x = sum(table.row_seconds(c) for c in ctx)
     tok = sum(table.token_seconds(c) for c in ctx)
     base = rows / (table.step_seconds(rows) + x)
-    fixed = x + table.draft_seconds(n, sum(bool(s) for s in sampled)) + sum(table.draft_row_seconds(c) for c in ctx)
+    fixed = x + table.draft_seconds(n, sum(bool(s) for s in sampled)) - (table.draft_t0 if pass_paid else 0.0) + \
+        sum(table.draft_row_seconds(c) for c in ctx)
     best, gained, verify = 0.0, 0.0, table.step_seconds(rows)
     for k in range(1, cap + 1):
         gained += sum(x_r[k - 1] for x_r in a)
