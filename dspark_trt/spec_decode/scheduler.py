@@ -35,7 +35,8 @@ from dspark_trt.errors import InvalidArgumentError
 from dspark_trt.spec_decode.confidence import (ConfidenceWeights, confidence_score, early_stop_k, ema_update,
                                                fallback_survival, round_signals, survival)
 from dspark_trt.spec_decode.costs import NO_PREFILL, CostTable, RoundLoad
-from dspark_trt.spec_decode.gain import drafting_gain, extended_survival, joint_drafting_gain
+from dspark_trt.spec_decode.gain import (drafting_gain, extended_survival, joint_drafting_gain,
+                                         prefix_drafting_gains)
 from dspark_trt.spec_decode.policies import POLICIES, PROPOSERS, canonical_policy, parse_proposers
 
 __all__ = ["POLICIES", "PROPOSERS", "PolicyConfig", "PolicyState", "GateMemory", "CostTable", "RoundLoad",
@@ -398,12 +399,12 @@ def _share_the_pass(deferred: list[int], out: list[int], cfgs: Sequence[PolicyCo
     runs = any(out[i] > 0 for i in range(rows) if i not in busy)
     if not runs and len(deferred) > 1:
         order = sorted(deferred, key=lambda r: -(states[r].survival_est[:1] or [0.0])[0])
-        best_n, best = 0, 0.0
-        for n in range(2, len(order) + 1):
-            top = order[:n]
-            g = joint_drafting_gain([states[r].survival_est for r in top], [out[r] for r in top], rows, table, load,
-                                    [smp(r) for r in top], [ctx(r) for r in top])
-            if g >= max(bar(r) for r in top) and g > best:
+        gains = prefix_drafting_gains([states[r].survival_est for r in order], [out[r] for r in order], rows, table,
+                                      load, [smp(r) for r in order], [ctx(r) for r in order])
+        best_n, best, need = 0, 0.0, bar(order[0])
+        for n, g in enumerate(gains, start=1):
+            need = max(need, bar(order[n - 1]))
+            if n >= 2 and g >= need and g > best:
                 best_n, best = n, g
         opened, runs = set(order[:best_n]), best_n > 0
     for r in deferred:

@@ -3,6 +3,7 @@ probes), a drafter that pays always is, and output stays the target's greedy out
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -392,3 +393,37 @@ def test_rows_that_do_not_pay_alone_share_one_drafter_pass() -> None:
     # three rows: the best-rated pair opens where it pays and the third stays closed if it cannot pay its row
     three = _states(cfg, MARGINAL, MARGINAL, [0.01])
     assert plan_drafting([cfg] * 3, three, [3, 3, 3], SHARED) == [3, 3, 0]
+
+
+def _joint_by_formula(ests, caps, rows, table, load, sampled, ctx):  # noqa: ANN001, ANN202
+    """The docstring's formula term by term, with the verify pass summed token by token (marginal_seconds)."""
+    from dspark_trt.spec_decode.gain import extended_survival
+
+    a = [extended_survival(e, c) for e, c in zip(ests, caps)]
+    n, cap = len(a), min(len(x) for x in a)
+    x = sum(table.row_seconds(c) for c in ctx)
+    base = rows / (table.step_seconds(rows) + x)
+    best = 0.0
+    for k in range(1, cap + 1):
+        tokens = rows + sum(sum(r[:k]) for r in a)
+        verify = table.step_seconds(rows) + sum(table.marginal_seconds(rows + i, load) for i in range(n * k))
+        cost = (verify + x + sum(k * table.token_seconds(c) + table.draft_row_seconds(c) for c in ctx)
+                + table.draft_seconds(n, sum(sampled)))
+        best = max(best, tokens / cost / base)
+    return best
+
+
+def test_prefix_gains_match_the_formula_for_every_prefix() -> None:
+    from dspark_trt.spec_decode.costs import RoundLoad
+    from dspark_trt.spec_decode.gain import prefix_drafting_gains
+
+    ests = [[0.9, 0.8, 0.7], MARGINAL, [0.3], [0.6, 0.2, 0.1, 0.05]]
+    caps, ctx, smp = [3, 7, 2, 4], [64, 900, None, 3000], [False, True, False, False]
+    ctx_table = replace(SHARED, context=64, ctx_t0=1e-4, ctx_t1=2e-5, draft_ctx=1e-5, sampled_t1=0.1)
+    for table in (SHARED, ctx_table):
+        for load in (RoundLoad(), RoundLoad(40, fused=True)):
+            gains = prefix_drafting_gains(ests, caps, 5, table, load, smp, ctx)
+            for n in range(1, len(ests) + 1):
+                want = _joint_by_formula(ests[:n], caps[:n], 5, table, load, smp[:n], ctx[:n])
+                assert gains[n - 1] == pytest.approx(want, rel=1e-9)
+            assert gains[0] == pytest.approx(drafting_gain(ests[0], caps[0], 5, table, load, smp[0], ctx[0]))
