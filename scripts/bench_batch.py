@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -47,26 +48,38 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64, help="tokens generated per request")
     ap.add_argument("--reps", type=int, default=3, help="interleaved repetitions (median)")
     ap.add_argument("--rows", default="plain,survival,hybrid,fixed3",
-                    help="rows to run (comma list of plain, survival, hybrid, suffix, nogate, solo, fixed1/2/3/5/7)")
+                    help="rows to run (comma list of plain, survival, hybrid, suffix, nogate, solo, fixed0/1/2/3/5/7)")
+    ap.add_argument("--mix", choices=("held-out", "grid"), default="held-out",
+                    help="prompts: the held-out chat prompts, or the served grid's mix (short chat prompts and long "
+                         "code contexts, scripts/bench_serving_grid.make_jobs, --long-tokens each)")
+    ap.add_argument("--long-tokens", type=int, default=1024, help="--mix grid: tokens of a code context")
     args = ap.parse_args()
     td = default_target_dir()
     tok = load_tokenizer(td)
     target = to_runtime_model(td, torch.bfloat16)
     drafter = load_drafter(default_drafter_dir(), target, dtype=torch.bfloat16, target_dir=Path(td))
     gamma = int(drafter.gamma)
-    prompts = [HELD_OUT_PROMPTS[i % len(HELD_OUT_PROMPTS)][1] for i in range(args.requests)]
+    if args.mix == "grid":  # the served grid's jobs, in its order: chat, code, chat, chat, code, ...
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from bench_serving_grid import make_jobs  # noqa: PLC0415
+
+        jobs = make_jobs(tok, 2048 - gamma - 4, args.new, args.long_tokens)
+        texts = [(j.prompt, j.chat) for j in jobs[:args.requests]]
+    else:
+        texts = [(HELD_OUT_PROMPTS[i % len(HELD_OUT_PROMPTS)][1], True) for i in range(args.requests)]
     ids = [tuple(tok.encode(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                                    tokenize=False))) for p in prompts]
+                                                    tokenize=False)) if chat else tok.encode(p))
+           for p, chat in texts]
     max_seq = max(map(len, ids)) + args.new + gamma + 4
     policies = {"plain": PolicyConfig(policy="plain"), "survival": PolicyConfig(),
                 "hybrid": PolicyConfig(proposers=("dspark", "suffix")),
                 "suffix": PolicyConfig(proposers=("suffix",)),
                 "nogate": PolicyConfig(gate=False),  # survival with the drafting gate off (always drafts)
                 "solo": PolicyConfig(share_pass=False),  # survival, each row pricing a whole drafter pass
-                **{f"fixed{k}": PolicyConfig(policy="fixed", k=k) for k in (1, 2, 3, 5, 7)}}
+                **{f"fixed{k}": PolicyConfig(policy="fixed", k=k) for k in (0, 1, 2, 3, 5, 7)}}
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
     info = native.cpu_summary()
-    print(f"CPU {info['cpu']} ({info['family']}), kernel engine **{native.engine()}**; {args.requests} held-out "
+    print(f"CPU {info['cpu']} ({info['family']}), kernel engine **{native.engine()}**; {len(ids)} {args.mix} "
           f"prompts queued, {args.new} tokens each, greedy, EOS ignored, {args.reps} interleaved reps (median)\n")
     for b in (int(x) for x in args.batch.split(",")):
         be = build_backend(target, drafter, b, max_seq)
