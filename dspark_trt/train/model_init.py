@@ -1,7 +1,8 @@
 """Creating a fresh DSpark drafter for a target: config from the target's HF config, weights initialised
 from the target's own top layers (attention/MLP/norms copied, then trained), d2t map from token counts; and growing a
 trained drafter by decoder layers that start as the identity (`grow_layers`, for --init-from --num-layers N), by
-Markov rank (`grow_markov_rank`) and by target taps that start silent (`grow_taps`, for --init-from --layers).
+Markov rank (`grow_markov_rank`) and by target taps that start silent (`grow_taps`, for --init-from --layers); and
+shrinking a trained drafter's draft vocabulary to its most frequent tokens (`prune_draft_vocab`, no training).
 
 Owns nothing at inference time; dspark_trt.runtime.drafters owns the module and its checkpoint format.
 """
@@ -155,6 +156,34 @@ def grow_taps(model: DSparkModel, layers: Sequence[int]) -> DSparkModel:
     grown.load_state_dict(state)
     log.info("drafter taps grown from %s to %s (new taps start silent)", list(old), list(new))
     return _grown_like(model, grown)
+
+
+def prune_draft_vocab(model: DSparkModel, counts: torch.Tensor, size: int,
+                      always: Sequence[int] = ()) -> DSparkModel:
+    """A drafter whose draft vocabulary keeps the `size` most frequent (counts [V], target ids) of `model`'s d2t, plus
+    `always` where d2t has them, sorted by id: the head rows (gathered from the target's lm_head through d2t) and
+    Markov W2 rows of the others dropped, everything else `model`'s. Its logits are `model`'s at the kept ids, so its
+    greedy draft is `model`'s wherever that one's argmax is kept; what is lost is the drafts of dropped tokens, and
+    what is gained is the head's and W2's products (Vd rows each, every drafter pass). A DrafterError unless
+    0 < size < Vd."""
+    vd = model.cfg.head_vocab
+    if not 0 < size < vd:
+        raise DrafterError(f"draft vocabulary {size} must be in 1..{vd - 1} (the drafter's is {vd}). Fix: pass a "
+                           "smaller size.")
+    d2t = model.d2t.cpu()
+    c = counts.double()[d2t] + 0.5 * (counts.numel() - d2t.double()) / counts.numel()  # ties → lower ids
+    c[torch.isin(d2t, torch.tensor(list(always), dtype=torch.long))] = float("inf")
+    keep = torch.topk(c, size).indices.sort().values  # [size] draft ids kept, in id order
+    pruned = DSparkModel(model.cfg.replace(draft_vocab_size=size))
+    state = model.state_dict()
+    state["d2t"] = d2t[keep].clone()
+    state["markov_w2.weight"] = state["markov_w2.weight"][keep.to(state["markov_w2.weight"].device)].clone()
+    pruned.load_state_dict(state)
+    pruned = pruned.to(next(model.parameters()).dtype)
+    if model._embed is not None and model._head is not None:  # by reference, the head's kept rows gathered
+        pruned._embed, pruned._head = model._embed, model._head.index_select(0, keep.to(model._head.device))
+    log.info("draft vocabulary pruned from %d to %d tokens", vd, size)
+    return pruned
 
 
 def _grown_like(model: DSparkModel, grown: DSparkModel) -> DSparkModel:

@@ -261,3 +261,54 @@ def test_grow_taps_keeps_the_function_and_trains_the_new_tap(tiny_pair, tiny_tar
     with pytest.raises(DrafterError, match="must keep every target tap") as e:
         grow_taps(g, (0,))
     assert "Fix: pass its taps plus the new ones, e.g. --layers 0,1" in str(e.value)
+
+
+def test_prune_draft_vocab_keeps_the_logits_of_the_kept_tokens(tiny_pair, tiny_target, tmp_path) -> None:  # noqa: ANN001
+    """Pruning the draft vocabulary to its most frequent tokens: the pruned drafter's logits are the checkpoint's at
+    the kept ids (head rows and Markov W2 rows gathered, nothing else changed), `always` ids stay, the rest of the
+    checkpoint is untouched, it round-trips through save / load, and a size that does not shrink is refused."""
+    from dspark_trt.runtime.drafters.loader import load_dspark_model, save_dspark
+    from dspark_trt.train.model_init import prune_draft_vocab
+
+    m = make_model(tiny_pair, tiny_target, draft_vocab=64, markov_rank=8)
+    with torch.no_grad():
+        m.markov_w2.weight.normal_(0.0, 0.05)
+    ids = _ids(24)
+    feats, _ = tiny_target.run(ids)
+    anchors = torch.tensor([[5, 12]])
+    with torch.no_grad():
+        _, base, conf = m.forward_train(feats, ids, anchors, 4)  # [1, 2, 4, 64]
+    counts = torch.zeros(m.cfg.vocab_size, dtype=torch.long)
+    counts[m.d2t[::3]] = torch.arange(1, m.d2t[::3].numel() + 1)  # every third draft token seen, rising counts
+    rare = int(m.d2t[1])  # never counted: kept only because `always` names it
+    p = prune_draft_vocab(m, counts, 16, always=(rare,))
+    assert p.cfg.head_vocab == 16 and tuple(p.d2t.shape) == (16,) and tuple(p.markov_w2.weight.shape) == (16, 8)
+    assert rare in p.d2t.tolist() and bool((p.d2t[1:] > p.d2t[:-1]).all())  # sorted by id
+    top = set(m.d2t[::3][-15:].tolist())  # the 15 most counted
+    assert top | {rare} == set(p.d2t.tolist())
+    keep = torch.tensor([m.d2t.tolist().index(t) for t in p.d2t.tolist()])
+    with torch.no_grad():
+        _, out, conf2 = p.forward_train(feats, ids, anchors, 4)
+    torch.testing.assert_close(out, base[..., keep])
+    torch.testing.assert_close(conf2, conf)
+    torch.testing.assert_close(p.fc.weight, m.fc.weight)
+    save_dspark(p, tmp_path / "p")
+    q = load_dspark_model(tmp_path / "p")
+    assert q.cfg.draft_vocab_size == 16 and q.d2t.tolist() == p.d2t.tolist()
+    with pytest.raises(DrafterError, match="draft vocabulary 64"):
+        prune_draft_vocab(m, counts, 64)
+
+
+def test_answer_token_counts_count_answers_only(tmp_path) -> None:  # noqa: ANN001
+    """The pruning command counts the answer tokens (ids past prompt_len) of every data file; no data is an error."""
+    import gzip
+
+    from dspark_trt.train.prune_vocab import answer_token_counts
+
+    with gzip.open(tmp_path / "a.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"prompt": "x", "ids": [9, 9, 3, 4, 4], "prompt_len": 2}) + "\n")
+        f.write(json.dumps({"prompt": "y", "ids": [7, 4], "prompt_len": 1}) + "\n")
+    c = answer_token_counts(tmp_path, 10)
+    assert c.tolist() == [0, 0, 0, 1, 3, 0, 0, 0, 0, 0]
+    with pytest.raises(DrafterError, match="No \\*.jsonl.gz"):
+        answer_token_counts(tmp_path / "missing", 10)
