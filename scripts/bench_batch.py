@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Benchmark DSpark's policies under in-process continuous batching, on this CPU's kernel engine.
 
-One RoundScheduler per policy over one SpecBackend with B KV slots: N held-out prompts queued at once (greedy, EOS
-ignored, `--new` tokens each), so B requests decode together and a finished one's slot takes the next. Rows:
+One RoundScheduler per policy over one SpecBackend with B KV slots: N held-out prompts (or, with `--mix grid`, the
+served grid's chat prompts and long code contexts) queued at once (greedy, EOS ignored, `--new` tokens each), so B requests decode together and a finished one's slot takes the next. Rows:
 ours plain (speculate off), DSpark alone (survival), the default proposers (DSpark + suffix, cross-request index
 off: the prompts repeat across reps), fixed K = 3. Each row keeps its gate memory and suffix confidences across its
 reps, as a server does. Reps interleave the rows (rotated order); per row the median over reps of output tokens /
@@ -12,7 +12,7 @@ this closed-loop workload, not of decoding), ratio to plain of the same run; dra
 verified and accepted per drafted row-round. Every answer is checked against plain's. Prints a markdown
 table stamped with the CPU and engine. A benchmark, never a test.
 
-    .venv/bin/python scripts/bench_batch.py --batch 1,2,4 [--requests 8] [--new 64] [--reps 3]
+    .venv/bin/python scripts/bench_batch.py --batch 1,2,4 [--requests 8] [--new 64] [--reps 3] [--mix grid]
 """
 from __future__ import annotations
 
