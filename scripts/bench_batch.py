@@ -3,8 +3,9 @@
 
 One RoundScheduler per policy over one SpecBackend with B KV slots: N held-out prompts (or, with `--mix grid`, the
 served grid's chat prompts and long code contexts) queued at once (greedy, EOS ignored, `--new` tokens each), so B
-requests decode together and a finished one's slot takes the next. Rows: ours plain (speculate off), DSpark alone (survival), the default proposers (DSpark + suffix, cross-request index
-off: the prompts repeat across reps), fixed K = 3. Each row keeps its gate memory and suffix confidences across its
+requests decode together and a finished one's slot takes the next. Rows: ours plain (speculate off), DSpark alone
+(survival), the default proposers (DSpark + suffix, cross-request index off: the prompts repeat across reps), fixed
+K = 3. Each row keeps its gate memory and suffix confidences across its
 reps, as a server does. Reps interleave the rows (rotated order); per row the median over reps of output tokens /
 wall seconds (prefills included) and of output tokens / seconds outside prefill passes (plain's rows finish in
 lockstep and batch their next prompts' prefill, speculative rows finish apart and prefill one by one: a cost of
