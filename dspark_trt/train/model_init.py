@@ -19,6 +19,7 @@ from dspark_trt.errors import DrafterError
 from dspark_trt.runtime.drafters.config import DSparkConfig, rope_theta_of
 from dspark_trt.runtime.drafters.dspark import DSparkModel
 from dspark_trt.runtime.drafters.vocab import target_fingerprint, vocab_info
+from dspark_trt.train.loss import make_t2d
 
 log = logging.getLogger(__name__)
 
@@ -159,24 +160,27 @@ def grow_taps(model: DSparkModel, layers: Sequence[int]) -> DSparkModel:
 
 
 def prune_draft_vocab(model: DSparkModel, counts: torch.Tensor, size: int,
-                      always: Sequence[int] = ()) -> DSparkModel:
-    """A drafter whose draft vocabulary keeps the `size` most frequent (counts [V], target ids) of `model`'s d2t, plus
-    `always` where d2t has them, sorted by id: the head rows (gathered from the target's lm_head through d2t) and
-    Markov W2 rows of the others dropped, everything else `model`'s. Its logits are `model`'s at the kept ids, so its
-    greedy draft is `model`'s wherever that one's argmax is kept; what is lost is the drafts of dropped tokens, and
-    what is gained is the head's and W2's products (Vd rows each, every drafter pass). A DrafterError unless
-    0 < size < Vd."""
+                      always: Sequence[int] | None = None) -> DSparkModel:
+    """A drafter whose draft vocabulary keeps the `size` most frequent (counts [V], target ids; `frequent_tokens`'
+    rule) of `model`'s d2t, plus `always` (default: the target's special tokens, as training keeps them) where d2t has
+    them: the head rows (gathered from the target's lm_head through d2t) and Markov W2 rows of the others dropped,
+    everything else `model`'s. Its logits are `model`'s at the kept ids, so its greedy draft is `model`'s wherever that
+    one's argmax is kept; what is lost is the drafts of dropped tokens, and what is gained is the head's and W2's
+    products (Vd rows each, every drafter pass). A DrafterError unless 0 < size < Vd."""
     vd = model.cfg.head_vocab
     if not 0 < size < vd:
         raise DrafterError(f"draft vocabulary {size} must be in 1..{vd - 1} (the drafter's is {vd}). Fix: pass a "
                            "smaller size.")
-    d2t = model.d2t.cpu()
-    c = counts.double()[d2t] + 0.5 * (counts.numel() - d2t.double()) / counts.numel()  # ties → lower ids
-    c[torch.isin(d2t, torch.tensor(list(always), dtype=torch.long))] = float("inf")
-    keep = torch.topk(c, size).indices.sort().values  # [size] draft ids kept, in id order
+    d2t = model.d2t.cpu()  # [Vd] target ids
+    if always is None:
+        always = [i for i in model.cfg.target_vocab.get("special", {}).values() if isinstance(i, int)]
+    inside = torch.full((counts.numel(),), -1.0, dtype=torch.float64)  # ids outside d2t: below every id inside
+    inside[d2t] = counts.double()[d2t]
+    kept_ids = frequent_tokens(inside, size, [t for t in always if t in set(d2t.tolist())])  # [size] sorted
+    keep = make_t2d(d2t, counts.numel())[kept_ids]  # [size] their draft ids
     pruned = DSparkModel(model.cfg.replace(draft_vocab_size=size))
     state = model.state_dict()
-    state["d2t"] = d2t[keep].clone()
+    state["d2t"] = kept_ids.clone()
     state["markov_w2.weight"] = state["markov_w2.weight"][keep.to(state["markov_w2.weight"].device)].clone()
     pruned.load_state_dict(state)
     pruned = pruned.to(next(model.parameters()).dtype)

@@ -55,9 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model = load_dspark_model(a.drafter, dtype=torch.bfloat16)
     counts = answer_token_counts(a.data_dir, model.cfg.vocab_size)
-    special = json.loads((a.drafter / "config.json").read_text()).get("target_vocab", {}).get("special", {})
-    always = sorted({int(t) for v in special.values() if v is not None for t in (v if isinstance(v, list) else [v])})
-    pruned = prune_draft_vocab(model, counts, a.size, always)
+    pruned = prune_draft_vocab(model, counts, a.size)  # the target's special tokens always kept
     tot = max(1, int(counts.sum()))
     log.info("answer tokens covered: %.4f (Vd %d) -> %.4f (Vd %d)", int(counts[model.d2t].sum()) / tot,
              model.cfg.head_vocab, int(counts[pruned.d2t].sum()) / tot, a.size)
