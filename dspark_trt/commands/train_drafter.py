@@ -79,6 +79,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--anchors-per-token", type=float, default=0.5, help="stream: trained anchors per answer token")
     p.add_argument("--milestones", type=str, default="",
                    help="stream: answer-token counts (comma-separated) at which the drafter is kept and loop-measured")
+    p.add_argument("--loss-ce", type=float, default=D.loss.ce,
+                   help=f"weight of CE on the target's top-1 (default {D.loss.ce}; the greedy loop accepts its argmax)")
+    p.add_argument("--loss-l1", type=float, default=D.loss.l1,
+                   help=f"weight of the L1 distance to the target's distribution (default {D.loss.l1})")
     p.add_argument("--start-step", type=int, default=0,
                    help="stream with --init-from: the step the earlier run reached (its stream.json), to continue there")
 
@@ -138,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
                               onpolicy=OnPolicyConfig(every=args.onpolicy_every, start=args.onpolicy_start,
                                                       start_frac=args.onpolicy_start_frac,
                                                       frac=args.onpolicy_frac, reject_weight=args.reject_weight),
+                              loss=dataclasses.replace(D.loss, ce=args.loss_ce, l1=args.loss_l1),
                               lr=args.lr, batch_seqs=args.batch_seqs, anchors=args.anchors, seed=args.seed,
                               threads=args.threads)
     torch.set_num_threads(cfg.threads)

@@ -1,4 +1,4 @@
-"""The DSpark distillation loss: 0.1·CE + 0.9·Σ_k w_k‖p_d − p_t‖₁ + 1.0·BCE(c_k, c*_k).
+"""The DSpark distillation loss: 0.1·CE + 0.9·Σ_k w_k‖p_d − p_t‖₁ + 1.0·BCE(c_k, c*_k) (LossWeights: the paper's).
 
 Owns: turning the target's stored top-k log-probs into (a) CE labels (the target's top-1, mapped to the
 draft vocabulary), (b) an L1 distance that is exact on the top-k support and a tight lower bound for the
@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from dspark_trt.errors import InvalidArgumentError
+
 
 @dataclass(frozen=True)
 class LossWeights:
@@ -19,6 +21,12 @@ class LossWeights:
     l1: float = 0.9
     bce: float = 1.0
     decay: float = 4.0  # w_k = exp(−(k−1)/decay)
+
+    def __post_init__(self) -> None:
+        if min(self.ce, self.l1, self.bce) < 0 or self.ce + self.l1 <= 0 or self.decay <= 0:
+            raise InvalidArgumentError(f"loss weights need ce, l1, bce ≥ 0 with ce + l1 > 0 and decay > 0, got "
+                                       f"ce {self.ce}, l1 {self.l1}, bce {self.bce}, decay {self.decay}. Fix: e.g. "
+                                       "--loss-ce 0.1 --loss-l1 0.9 (the paper's), or --loss-ce 1 --loss-l1 0.2")
 
 
 @dataclass

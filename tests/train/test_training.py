@@ -75,10 +75,36 @@ def test_cli_init_from_continues_from_a_drafter_checkpoint(tiny_pair, tiny_targe
             "4000", "--batch-seqs", "2", "--anchors", "4", "--seed", "3"]
     assert main(argv + ["--out", str(tmp_path / "a")]) == 0
     first = load_file(str(tmp_path / "a" / "drafter" / "model.safetensors"))
-    assert main(argv + ["--out", str(tmp_path / "b"), "--init-from", str(tmp_path / "a" / "drafter")]) == 0
+    assert main(argv + ["--out", str(tmp_path / "b"), "--init-from", str(tmp_path / "a" / "drafter"),
+                        "--loss-ce", "1", "--loss-l1", "0.2"]) == 0  # a greedy-weighted loss, recorded with the run
     second = load_file(str(tmp_path / "b" / "drafter" / "model.safetensors"))
+    loss_cfg = json.loads((tmp_path / "b" / "metrics.json").read_text())["config"]["loss"]
+    assert (loss_cfg["ce"], loss_cfg["l1"]) == (1.0, 0.2)
     assert torch.equal(first["d2t"], second["d2t"])
     assert not torch.equal(first["fc.weight"], second["fc.weight"])  # trained further
     bad = argv + ["--out", str(tmp_path / "c"), "--init-from", str(tmp_path / "a" / "drafter")]
     bad[bad.index("--gamma") + 1] = "5"
     assert main(bad) != 0
+    assert main(argv + ["--out", str(tmp_path / "d"), "--loss-l1", "-1"]) != 0  # refused, with the fix
+
+
+def test_loss_weights_weigh_the_terms_and_refuse_nonsense() -> None:
+    """LossWeights: total = ce·CE + l1·L1 + bce·BCE for any weights given; negative or all-zero weights are refused."""
+    import pytest
+
+    from dspark_trt.errors import InvalidArgumentError
+    from dspark_trt.train.loss import LossWeights, dspark_loss
+
+    g = torch.Generator().manual_seed(0)
+    logits, conf = torch.randn(3, 4, 32, generator=g), torch.randn(3, 4, generator=g)  # [N, γ, Vd], [N, γ]
+    ids = torch.stack([torch.randperm(32, generator=g)[:5] for _ in range(12)]).reshape(3, 4, 5)  # [N, γ, k]
+    logp = torch.log_softmax(torch.randn(3, 4, 5, generator=g), -1) - 0.1  # top-k log-probs, some tail mass
+    t2d, valid = torch.arange(32), torch.ones(3, 4, dtype=torch.bool)
+    for w in (LossWeights(), LossWeights(ce=1.0, l1=0.2), LossWeights(ce=1.0, l1=0.0, bce=0.0)):
+        lo = dspark_loss(logits, conf, ids, logp, t2d, valid, w)
+        assert torch.allclose(lo.total, w.ce * lo.ce + w.l1 * lo.l1 + w.bce * lo.bce)
+    assert torch.allclose(dspark_loss(logits, conf, ids, logp, t2d, valid, LossWeights(1.0, 0.0, 0.0)).total,
+                          -torch.log_softmax(logits, -1).gather(-1, ids[..., :1]).mean())  # pure CE on the top-1
+    for bad in (dict(l1=-0.1), dict(ce=0.0, l1=0.0), dict(decay=0.0)):
+        with pytest.raises(InvalidArgumentError, match="loss weights"):
+            LossWeights(**bad)
