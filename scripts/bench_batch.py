@@ -14,6 +14,7 @@ verified and accepted per drafted row-round. Every answer is checked against pla
 table stamped with the CPU and engine. A benchmark, never a test.
 
     .venv/bin/python scripts/bench_batch.py --batch 1,2,4 [--requests 8] [--new 64] [--reps 3] [--mix grid]
+        [--slots 32 --prefill-chunk 256]   # a server's slots, cost profile and prefill budget, `batch` in flight
 """
 from __future__ import annotations
 
@@ -54,6 +55,12 @@ def main() -> None:
                     help="prompts: the held-out chat prompts, or the served grid's mix (short chat prompts and long "
                          "code contexts, scripts/bench_serving_grid.make_jobs, --long-tokens each)")
     ap.add_argument("--long-tokens", type=int, default=1024, help="--mix grid: tokens of a code context")
+    ap.add_argument("--slots", type=int, default=0,
+                    help="KV slots allocated (0: the batch). More slots than the batch keep `batch` requests in flight "
+                         "(a closed loop, as that many clients: the next is queued when one finishes) on a backend "
+                         "and cost profile the size of a server's (32 slots by default there)")
+    ap.add_argument("--prefill-chunk", type=int, default=0,
+                    help="prompt tokens prefilled per step (0: whole prompts; a server's default is 256)")
     args = ap.parse_args()
     td = default_target_dir()
     tok = load_tokenizer(td)
@@ -83,9 +90,10 @@ def main() -> None:
     print(f"CPU {info['cpu']} ({info['family']}), kernel engine **{native.engine()}**; {len(ids)} {args.mix} "
           f"prompts queued, {args.new} tokens each, greedy, EOS ignored, {args.reps} interleaved reps (median)\n")
     for b in (int(x) for x in args.batch.split(",")):
-        be = build_backend(target, drafter, b, max_seq)
-        table = profile_costs(be, gamma + 1, reps=3, pass_tokens=b * (gamma + 1))
-        cfg = LoopConfig(gamma=gamma, cost_table=table)
+        slots = max(args.slots, b)
+        be = build_backend(target, drafter, slots, max_seq)
+        table = profile_costs(be, gamma + 1, reps=3, pass_tokens=min(slots * (gamma + 1), 512))
+        cfg = LoopConfig(gamma=gamma, cost_table=table, prefill_chunk=args.prefill_chunk)
         rates: dict[str, list[float]] = {r: [] for r in rows}
         decode: dict[str, list[float]] = {r: [] for r in rows}  # prefill passes excluded
         drafted = {r: [0, 0, 0, 0] for r in rows}  # drafted row-rounds, row-rounds, accepted, verified draft tokens
@@ -98,7 +106,9 @@ def main() -> None:
             order = rows[rep % len(rows):] + rows[:rep % len(rows)]
             for name in order:
                 sched = RoundScheduler(be, cfg, speculate=name != "plain", gate=gates[name], suffix=suffixes[name])
-                rids = [sched.add(Request(p, args.new, policy=policies[name])) for p in ids]
+                queue = [Request(p, args.new, policy=policies[name]) for p in ids]
+                rids = [sched.add(r) for r in queue[:b]]  # `b` in flight; with spare slots the next joins as one ends
+                queue = queue[b:]
                 pre = [0.0]  # seconds in prefill passes (the admissions: lockstep rows batch theirs, ragged rows not)
                 ex_prefill = sched.executor.prefill
 
@@ -118,6 +128,9 @@ def main() -> None:
                         out[ev.request_id].extend(ev.new_tokens)
                         if ev.finished:
                             stats[ev.request_id] = ev.stats
+                            if queue:
+                                rids.append(sched.add(queue.pop(0)))
+                                out[rids[-1]] = []
                 wall = time.perf_counter() - t
                 rates[name].append(sum(map(len, out.values())) / wall)
                 decode[name].append(sum(map(len, out.values())) / (wall - pre[0]))
@@ -132,7 +145,9 @@ def main() -> None:
                             drafted[name][3] += rec.k
         base = statistics.median(rates["plain"]) if "plain" in rates else float("nan")
         dbase = statistics.median(decode["plain"]) if "plain" in decode else float("nan")
-        print(f"### batch {b}: target step {table.seconds[0] * 1e3:.2f} ms, step({b}) "
+        extra = (f", {slots} KV slots (a closed loop of {b} in flight)" if slots > b else "") + \
+            (f", prefill chunk {args.prefill_chunk}" if args.prefill_chunk else "")
+        print(f"### batch {b}{extra}: target step {table.seconds[0] * 1e3:.2f} ms, step({b}) "
               f"{table.step_seconds(b) * 1e3:.2f} ms, drafter pass {table.draft_seconds(1) * 1e3:.2f} ms (1 row)\n")
         print("| row | output tok/s | vs plain | decode tok/s (prefill passes out) | vs plain | drafted row-rounds | "
               "verified / accepted per drafted row-round | = plain |\n|---|---|---|---|---|---|---|---|")
